@@ -1,0 +1,327 @@
+"""YAML config → frozen, validated objects. Parsed once at start-up and passed explicitly.
+
+``load_config(path)`` substitutes ``${VAR}`` from the environment, validates with pydantic and
+raises :class:`router.errors.ConfigError` whose message names ``file:line: key``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from router.errors import ConfigError
+
+POLICIES = ("round_robin", "least_outstanding", "least_kv", "length_split", "predictive")
+AUTO_MODEL = "auto"
+
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosInt = Annotated[int, Field(gt=0)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SLA(_Frozen):
+    """Latency objectives of an agent; ``None`` means no objective of that kind."""
+
+    ttft_ms: PosFloat | None = None
+    tpot_ms: PosFloat | None = None
+    e2e_ms: PosFloat | None = None
+
+
+class SimSpec(_Frozen):
+    """A simulated worker that ``chimera serve`` starts at the backend's URL."""
+
+    profile: str
+    speedup: PosFloat = 1.0
+    seed: int = 0
+    kv_tokens: PosInt | None = None
+    max_num_seqs: PosInt | None = None
+    max_num_batched_tokens: PosInt | None = None
+
+
+class LaunchSpec(_Frozen):
+    """A real vLLM worker that ``chimera workers up`` starts."""
+
+    hf_model: str
+    gpu: NonNegInt = 0
+    kv_cache_gib: PosFloat
+    extra_args: tuple[str, ...] = ()
+
+
+class BackendConfig(_Frozen):
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    url: str
+    model: Annotated[str, Field(min_length=1)]
+    kv_budget_tokens: PosInt
+    max_model_len: PosInt = 8192
+    gpu: NonNegInt | None = None
+    tags: tuple[str, ...] = ()
+    sim: SimSpec | None = None
+    launch: LaunchSpec | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {v!r}")
+        try:
+            parts.port  # noqa: B018  (raises on a bad port)
+        except ValueError as exc:
+            raise ValueError(f"bad port in URL {v!r}") from exc
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError(f"URL must be scheme://host:port without a path: {v!r}")
+        return v.rstrip("/")
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or "127.0.0.1"
+
+
+class AgentConfig(_Frozen):
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    api_keys: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+    models: Annotated[tuple[str, ...], Field(min_length=1)]
+    sla: SLA = SLA()
+    priority: NonNegInt = 1
+    min_quality: Annotated[float, Field(ge=0, le=1)] | None = None
+    on_overload: Literal["queue", "reject", "degrade"] = "queue"
+    rpm: PosInt | None = None
+    tpm: PosInt | None = None
+
+
+class Timeouts(_Frozen):
+    """Worker-client timeouts, in seconds."""
+
+    connect_s: PosFloat = 2.0
+    first_byte_s: PosFloat = 60.0
+    between_chunks_s: PosFloat = 30.0
+
+
+class HealthConfig(_Frozen):
+    probe_interval_s: PosFloat = 1.0
+    probe_timeout_s: PosFloat = 1.0
+    eject_after_failures: PosInt = 3
+    readmit_after_successes: PosInt = 1
+
+
+class PolicyOptions(_Frozen):
+    long_prompt_tokens: PosInt = 2048  # length_split: prompts at or above this go to `long` workers
+    long_tag: str = "long"
+
+
+class GatewayConfig(_Frozen):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    state: str = "memory"
+    policy: Literal["round_robin", "least_outstanding", "least_kv", "length_split", "predictive"] = (
+        "least_outstanding"
+    )
+    policy_options: PolicyOptions = PolicyOptions()
+    request_log: str | None = None
+    max_body_bytes: PosInt = 4 * 1024 * 1024
+    default_agent: str | None = None
+    max_attempts: PosInt = 3
+    timeouts: Timeouts = Timeouts()
+    health: HealthConfig = HealthConfig()
+
+    @field_validator("state")
+    @classmethod
+    def _check_state(cls, v: str) -> str:
+        if v == "memory":
+            return v
+        parts = urlsplit(v)
+        if parts.scheme not in ("redis", "rediss", "unix") or not (parts.hostname or parts.path):
+            raise ValueError(f"state must be 'memory' or a redis:// URL, not {v!r}")
+        return v
+
+
+class Config(_Frozen):
+    gateway: GatewayConfig = GatewayConfig()
+    backends: Annotated[tuple[BackendConfig, ...], Field(min_length=1)]
+    agents: Annotated[tuple[AgentConfig, ...], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Config:
+        _unique("backends", [b.name for b in self.backends])
+        _unique("agents", [a.name for a in self.agents])
+        urls = [b.url for b in self.backends]
+        for i, u in enumerate(urls):
+            if u in urls[:i]:
+                raise _At(("backends", i, "url"), f"URL {u!r} is used by two backends")
+        served = {b.model for b in self.backends}
+        for i, agent in enumerate(self.agents):
+            for j, m in enumerate(agent.models):
+                if m not in served:
+                    raise _At(("agents", i, "models", j), f"no backend serves model {m!r}")
+        keys: dict[str, str] = {}
+        for i, agent in enumerate(self.agents):
+            for j, k in enumerate(agent.api_keys):
+                if k in keys:
+                    raise _At(("agents", i, "api_keys", j), f"API key also belongs to agent {keys[k]!r}")
+                keys[k] = agent.name
+        da = self.gateway.default_agent
+        if da is not None:
+            if da not in {a.name for a in self.agents}:
+                raise _At(("gateway", "default_agent"), f"no agent named {da!r}")
+            if keys:
+                raise _At(("gateway", "default_agent"), "default_agent is only allowed when no agent has keys")
+        return self
+
+    # -- lookups used on the hot path (cheap; the objects are frozen) --
+    def agent(self, name: str) -> AgentConfig | None:
+        return next((a for a in self.agents if a.name == name), None)
+
+    def backend(self, name: str) -> BackendConfig | None:
+        return next((b for b in self.backends if b.name == name), None)
+
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(b.model for b in self.backends))
+
+    @property
+    def uses_keys(self) -> bool:
+        return any(a.api_keys for a in self.agents)
+
+
+class _At(ValueError):
+    """A cross-field error raised inside a validator, carrying the path of the offending key."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+def _unique(section: str, names: list[str]) -> None:
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            raise _At((section, i, "name"), f"duplicate name {n!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_PLACEHOLDER = "__chimera_env_{}__"
+_PLACEHOLDER_RE = re.compile(r"__chimera_env_(\d+)__")
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    """Read, substitute, validate. Raises ConfigError (never a traceback for a user's mistake)."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config: {exc}", file=file) from exc
+    return parse_config(text, file=file, env=os.environ if env is None else env)
+
+
+def parse_config(text: str, *, file: str = "<config>", env: Mapping[str, str]) -> Config:
+    # ${VAR} is replaced by a YAML-safe placeholder before parsing (so `[${KEY}]` works in flow
+    # style and a value with YAML syntax in it cannot change the document's shape), then the
+    # placeholders inside string scalars are replaced by the values.
+    values: list[str] = []
+
+    def _sub(m: re.Match[str]) -> str:
+        var, default = m.group(1), m.group(2)
+        if var in env:
+            values.append(env[var])
+        elif default is not None:
+            values.append(default)
+        else:
+            line = text.count("\n", 0, m.start()) + 1
+            raise ConfigError(f"environment variable {var} is not set", file=file, line=line, key=f"${{{var}}}")
+        return _PLACEHOLDER.format(len(values) - 1)
+
+    masked = _ENV_RE.sub(_sub, text)
+    try:
+        node = yaml.compose(masked, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(masked)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"invalid YAML: {problem}", file=file, line=line) from exc
+    if not isinstance(data, dict):
+        raise ConfigError("the config must be a mapping with gateway, backends and agents", file=file, line=1)
+    lines = dict(_line_index(node)) if node is not None else {}
+    data = _unmask(data, values)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        ctx_err = (err.get("ctx") or {}).get("error")
+        msg = err["msg"]
+        if isinstance(ctx_err, _At):
+            loc = loc + ctx_err.loc if loc else ctx_err.loc
+            msg = str(ctx_err)
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ConfigError(msg + more, file=file, line=_nearest_line(lines, loc), key=_dotted(loc, data)) from exc
+
+
+def _unmask(obj: Any, values: list[str]) -> Any:
+    if isinstance(obj, str):
+        return _PLACEHOLDER_RE.sub(lambda m: values[int(m.group(1))], obj)
+    if isinstance(obj, list):
+        return [_unmask(v, values) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _unmask(v, values) for k, v in obj.items()}
+    return obj
+
+
+def _line_index(node: yaml.Node, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], int]]:
+    yield path, node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value
+            yield (*path, key), k.start_mark.line + 1
+            for sub, line in _line_index(v, (*path, key)):
+                if sub != (*path, key):
+                    yield sub, line
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            yield from _line_index(v, (*path, i))
+
+
+def _nearest_line(lines: dict[tuple[str | int, ...], int], loc: tuple[Any, ...]) -> int | None:
+    for n in range(len(loc), -1, -1):
+        if loc[:n] in lines:
+            return lines[loc[:n]]
+    return None
+
+
+def _dotted(loc: tuple[Any, ...], data: Any) -> str:
+    """`agents[1].models[0]` → `agents[planner].models[0]` where a list item has a name."""
+    out = ""
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            name = node[part].get("name") if isinstance(node, list) and part < len(node) and isinstance(node[part], dict) else None
+            out += f"[{name}]" if isinstance(name, str) else f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    return out

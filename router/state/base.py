@@ -1,0 +1,64 @@
+"""The FleetState interface: the gateway's view of every worker's load and health.
+
+Reads are synchronous and local (``snapshot()`` is on the hot path and must not do I/O);
+writes are async so a shared implementation (Redis) can make them one round trip each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from router.types import FleetSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapedMetrics:
+    """What a prober read from a worker's /metrics."""
+
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None
+    preemptions_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A dispatched request's claim on a worker: one in-flight request and ``tokens`` KV tokens."""
+
+    id: str
+    backend: str
+    tokens: int
+
+
+class FleetState(Protocol):
+    """Implemented by ``router.state.memory.MemoryFleetState`` (and a Redis one)."""
+
+    kind: str  # "memory" | "redis"; /fleet reports "degraded" when ``degraded`` is true
+
+    @property
+    def degraded(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def snapshot(self) -> FleetSnapshot:
+        """The current view of every configured worker (no I/O)."""
+        ...
+
+    async def reserve(self, backend: str, tokens: int) -> Reservation: ...
+
+    async def release(self, reservation: Reservation) -> None: ...
+
+    async def record_probe(self, backend: str, ok: bool, metrics: ScrapedMetrics | None) -> None:
+        """Active health: a probe's outcome; ``metrics`` when /metrics was scraped."""
+        ...
+
+    async def record_result(
+        self, backend: str, ok: bool, *, ttft_s: float | None = None, tpot_s: float | None = None
+    ) -> None:
+        """Passive health: a proxied request's outcome (a worker failure or success) and timings."""
+        ...

@@ -1,0 +1,85 @@
+"""Plain data passed between the gateway, fleet state and routing policies.
+
+Policies see only these types: ``choose(RequestFeatures, FleetSnapshot) -> Decision``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Endpoint = Literal["chat", "completions"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """What a router can see of a request before dispatch (never the simulator-only ``sim`` field)."""
+
+    agent: str
+    endpoint: Endpoint
+    models: tuple[str, ...]  # the models this request may be served by (requested ∩ allowed)
+    prompt_tokens: int  # cheap estimate
+    max_tokens: int | None
+    stream: bool
+    message_count: int = 1
+    seq: int = 0  # the gateway's request counter (round_robin uses it, so the policy stays pure)
+    priority: int = 1
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    e2e_slo_ms: float | None = None
+    min_quality: float | None = None
+    workflow_id: str | None = None
+    prefix_hashes: tuple[int, ...] = ()  # hashes of the prompt's leading blocks (prefix affinity)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendView:
+    """One worker as a policy sees it at dispatch time."""
+
+    name: str
+    model: str
+    healthy: bool = True
+    kv_budget_tokens: int = 0
+    max_model_len: int = 8192
+    tags: frozenset[str] = frozenset()
+    inflight_requests: int = 0  # this gateway's (and, with Redis, every replica's) outstanding requests
+    inflight_tokens: int = 0  # reserved prompt + predicted output tokens of those requests
+    running: int | None = None  # scraped vllm:num_requests_running (None until the first scrape)
+    waiting: int | None = None  # scraped vllm:num_requests_waiting
+    kv_usage: float | None = None  # scraped vllm:kv_cache_usage_perc, 0..1
+    metrics_age_s: float | None = None
+    consecutive_failures: int = 0
+    last_success_age_s: float | None = None  # since the last successful probe or request (None: never)
+    ttft_ewma_s: float | None = None
+    tpot_ewma_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    backends: tuple[BackendView, ...]
+    taken_at: float = 0.0
+
+    def by_name(self, name: str) -> BackendView | None:
+        return next((b for b in self.backends if b.name == name), None)
+
+    def eligible(self, features: RequestFeatures) -> FleetSnapshot:
+        """Healthy workers serving one of the request's models whose context fits the prompt."""
+        keep = tuple(
+            b
+            for b in self.backends
+            if b.healthy and b.model in features.models and features.prompt_tokens < b.max_model_len
+        )
+        return FleetSnapshot(keep, self.taken_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Workers in order of preference: the first is tried, the rest are retry fallbacks."""
+
+    ranked: tuple[str, ...]
+    reason: str = ""
+    predicted: Mapping[str, float] = field(default_factory=dict)  # e.g. {"ttft_ms": …} of the choice
+
+
+Policy = Callable[[RequestFeatures, FleetSnapshot], Decision]
