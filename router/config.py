@@ -129,9 +129,7 @@ class GatewayConfig(_Frozen):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     state: str = "memory"
-    policy: Literal["round_robin", "least_outstanding", "least_kv", "length_split", "predictive"] = (
-        "least_outstanding"
-    )
+    policy: Literal["round_robin", "least_outstanding", "least_kv", "length_split", "predictive"] = "least_outstanding"
     policy_options: PolicyOptions = PolicyOptions()
     request_log: str | None = None
     max_body_bytes: PosInt = 4 * 1024 * 1024
@@ -316,7 +314,11 @@ def _dotted(loc: tuple[Any, ...], data: Any) -> str:
     node = data
     for part in loc:
         if isinstance(part, int):
-            name = node[part].get("name") if isinstance(node, list) and part < len(node) and isinstance(node[part], dict) else None
+            name = (
+                node[part].get("name")
+                if isinstance(node, list) and part < len(node) and isinstance(node[part], dict)
+                else None
+            )
             out += f"[{name}]" if isinstance(name, str) else f"[{part}]"
         else:
             out += f".{part}" if out else str(part)

@@ -32,5 +32,7 @@ def get_policy(name: str, options: PolicyOptions | None = None) -> Policy:
     try:
         factory = _REGISTRY[name]
     except KeyError:
-        raise ConfigError(f"unknown policy {name!r} (available: {', '.join(available())})", key="gateway.policy") from None
+        raise ConfigError(
+            f"unknown policy {name!r} (available: {', '.join(available())})", key="gateway.policy"
+        ) from None
     return factory(options or PolicyOptions())

@@ -1,0 +1,136 @@
+"""Hardware profiles of the simulated vLLM worker.
+
+A profile is a JSON file (``backends/sim/profiles/<name>.json``) describing one model on one GPU:
+its KV budget, the scheduler knobs vLLM ran with, and a linear model of one engine step's duration
+over per-step features (see :data:`STEP_FEATURES`). Profiles are measured on real hardware by
+``scripts/calibrate``; this module only reads and validates them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+
+#: Features of one engine step that the step-time model is linear in.
+#: base: 1 per step; prefill_tokens: tokens prefilled (sum of chunk lengths); decode_seqs: sequences
+#: decoding one token; decode_context_tokens: sum of the KV lengths of those sequences;
+#: prefill_attn_mtok2: sum over prefill chunks of len * (start + len / 2) / 1e6 (causal attention work).
+STEP_FEATURES = ("base", "prefill_tokens", "decode_seqs", "decode_context_tokens", "prefill_attn_mtok2")
+
+
+class ProfileError(ValueError):
+    """A profile or a simulator setting is unusable; the message is one line."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per unit of each step feature (real GPU time, before ``speedup``)."""
+
+    base: float = 0.0
+    prefill_tokens: float = 0.0
+    decode_seqs: float = 0.0
+    decode_context_tokens: float = 0.0
+    prefill_attn_mtok2: float = 0.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    model: str
+    quality: float
+    kv_budget_tokens: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    step_time: StepTime
+    ttft_overhead_s: float
+    provenance: dict[str, Any]
+
+
+def available_profiles() -> list[str]:
+    """Names of the profiles shipped with the package."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """Load a shipped profile by name, or a profile JSON by path."""
+    path = Path(name_or_path)
+    if not (name_or_path.endswith(".json") or path.is_file()):
+        path = PROFILE_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        known = ", ".join(available_profiles()) or "none"
+        raise ProfileError(f"unknown profile {name_or_path!r} (known: {known})")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"profile {path}: cannot read JSON: {exc}") from exc
+    return parse_profile(raw, source=str(path))
+
+
+def parse_profile(raw: Any, source: str = "<profile>") -> Profile:
+    """Validate a decoded profile JSON object."""
+    if not isinstance(raw, dict):
+        raise ProfileError(f"profile {source}: expected a JSON object")
+    try:
+        steps = raw["step_time_s"]
+        if not isinstance(steps, dict):
+            raise ProfileError(f"profile {source}: step_time_s must be an object")
+        unknown = sorted(set(steps) - set(STEP_FEATURES))
+        if unknown:
+            raise ProfileError(f"profile {source}: unknown step_time_s key(s) {', '.join(unknown)}")
+        coefs = {k: _number(source, f"step_time_s.{k}", v, minimum=0.0) for k, v in steps.items()}
+        overhead = raw.get("overhead_s", {})
+        if not isinstance(overhead, dict):
+            raise ProfileError(f"profile {source}: overhead_s must be an object")
+        quality = _number(source, "quality", raw["quality"], minimum=0.0)
+        if quality > 1.0:
+            raise ProfileError(f"profile {source}: quality must be in [0, 1], got {quality}")
+        provenance = raw.get("provenance", {})
+        return Profile(
+            name=str(raw.get("name", Path(source).stem)),
+            model=_string(source, "model", raw["model"]),
+            quality=quality,
+            kv_budget_tokens=_int(source, "kv_budget_tokens", raw["kv_budget_tokens"]),
+            block_size=_int(source, "block_size", raw.get("block_size", 16)),
+            max_num_seqs=_int(source, "max_num_seqs", raw["max_num_seqs"]),
+            max_num_batched_tokens=_int(source, "max_num_batched_tokens", raw["max_num_batched_tokens"]),
+            max_model_len=_int(source, "max_model_len", raw["max_model_len"]),
+            step_time=StepTime(**coefs),
+            ttft_overhead_s=_number(source, "overhead_s.ttft", overhead.get("ttft", 0.0), minimum=0.0),
+            provenance=provenance if isinstance(provenance, dict) else {},
+        )
+    except KeyError as exc:
+        raise ProfileError(f"profile {source}: missing key {exc.args[0]!r}") from exc
+
+
+def positive_int(what: str, value: int | None) -> int | None:
+    """Check an optional override; ``None`` passes through."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ProfileError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def _number(source: str, key: str, value: Any, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ProfileError(f"profile {source}: {key} must be a number, got {value!r}")
+    if value < minimum:
+        raise ProfileError(f"profile {source}: {key} must be >= {minimum}, got {value}")
+    return float(value)
+
+
+def _int(source: str, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ProfileError(f"profile {source}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _string(source: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ProfileError(f"profile {source}: {key} must be a non-empty string")
+    return value

@@ -1,0 +1,105 @@
+"""Deterministic stand-ins for a tokenizer and a model's answer.
+
+One token per whitespace-separated word, mapped to an int by CRC-32 (stable across processes).
+Generated text is one word per token (``tok<k>``), so usage counts are exact and re-tokenizing an
+answer gives back its token count. Every random choice about a request is derived from a hash of
+``(seed, model, prompt text, ...)``, never from arrival order, so answers are reproducible.
+
+Correctness model: with ``sim.difficulty = D`` the answer ends in ``[correct]`` with probability
+``1 / (1 + exp(-CORRECTNESS_SLOPE * (quality - D)))`` and in ``[wrong]`` otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+VOCAB_SIZE = 4096  # a power of two: word index k * ODD_STRIDE mod VOCAB_SIZE visits every word
+_STRIDE = 2654435761
+CORRECT, WRONG = "[correct]", "[wrong]"
+CORRECTNESS_SLOPE = 8.0
+DEFAULT_MEDIAN_TOKENS = 150.0
+DEFAULT_SIGMA = 0.8  # of log(output tokens)
+
+VOCAB = [f"tok{k}" for k in range(VOCAB_SIZE)] + [CORRECT, WRONG]
+VOCAB_IDS = [zlib.crc32(w.encode()) for w in VOCAB]
+MARKER_INDEX = {CORRECT: VOCAB_SIZE, WRONG: VOCAB_SIZE + 1}
+
+
+def tokenize(text: str) -> list[int]:
+    crc = zlib.crc32
+    return [crc(w.encode()) for w in text.split()]
+
+
+def chat_text(messages: Iterable[object]) -> str:
+    """The text the sim tokenizes for a chat: each message's role then its content."""
+    parts: list[str] = []
+    for msg in messages:
+        if not isinstance(msg, dict):
+            raise ValueError("each message must be an object")
+        role = msg.get("role")
+        if not isinstance(role, str):
+            raise ValueError("each message needs a string 'role'")
+        parts.append(role)
+        content = msg.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    parts.append(part["text"])
+        elif content is not None:
+            raise ValueError("message 'content' must be a string or a list of parts")
+    return " ".join(parts)
+
+
+def _unit(*key: object) -> float:
+    """A uniform draw in (0, 1) fixed by ``key``."""
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") + 0.5) / 2.0**64
+
+
+def p_correct(quality: float, difficulty: float) -> float:
+    return 1.0 / (1.0 + math.exp(-CORRECTNESS_SLOPE * (quality - difficulty)))
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the model 'would say': its natural length, its words and its verdict marker."""
+
+    natural_tokens: int  # tokens before EOS, marker included
+    word_start: int
+    marker: str | None
+
+
+def word_index(start: int, i: int) -> int:
+    """Vocabulary index of generated token ``i`` of an answer whose words start at ``start``."""
+    return (start + i * _STRIDE) % VOCAB_SIZE
+
+
+def draw_answer(
+    seed: int,
+    model: str,
+    prompt: str,
+    quality: float,
+    output_tokens: int | None,
+    difficulty: float | None,
+) -> Answer:
+    """The answer to ``prompt`` under ``seed``; ``output_tokens``/``difficulty`` come from ``sim``."""
+    if output_tokens is None:
+        z = NormalDist().inv_cdf(_unit(seed, model, prompt, "length"))
+        output_tokens = max(1, round(DEFAULT_MEDIAN_TOKENS * math.exp(DEFAULT_SIGMA * z)))
+    marker = None
+    if difficulty is not None:
+        ok = _unit(seed, model, prompt, difficulty, "verdict") < p_correct(quality, difficulty)
+        marker = CORRECT if ok else WRONG
+    start = int(_unit(seed, model, prompt, "words") * VOCAB_SIZE)
+    return Answer(natural_tokens=output_tokens, word_start=start, marker=marker)
+
+
+def render(indices: Sequence[int]) -> str:
+    return " ".join(VOCAB[k] for k in indices)

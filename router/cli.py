@@ -1,0 +1,141 @@
+"""The `chimera` command line. Exit codes: 0 ok, 2 bad input (config, arguments), 1 anything else.
+
+A user's mistake is one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from router.config import Config, load_config
+from router.errors import ChimeraError, ConfigError
+
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_BAD_INPUT, f"chimera: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="chimera", description="Performance-aware gateway for multi-agent LLM apps.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("serve", help="run the gateway (and the simulated workers the config declares)")
+    s.add_argument("--config", required=True, help="YAML config file")
+    s.add_argument("--host", help="override gateway.host")
+    s.add_argument("--port", type=int, help="override gateway.port")
+    s.add_argument("--workers", type=int, default=1, help="gateway processes (share state via Redis)")
+    s.add_argument("--no-sims", action="store_true", help="do not start the config's sim: workers")
+
+    c = sub.add_parser("check", help="validate a config and print the resolved fleet")
+    c.add_argument("file")
+
+    m = sub.add_parser("sim", help="run one simulated vLLM worker")
+    m.add_argument("--host", default="127.0.0.1")
+    m.add_argument("--port", type=int, required=True)
+    m.add_argument("--model", help="served model name (default: the profile's)")
+    m.add_argument("--profile", default="h200-qwen2.5-1.5b", help="profile name or JSON path")
+    m.add_argument("--kv-tokens", type=int, help="KV budget in tokens (default: the profile's)")
+    m.add_argument("--speedup", type=float, default=1.0, help="simulated-time speed factor")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--max-num-seqs", type=int)
+    m.add_argument("--max-num-batched-tokens", type=int)
+    return p
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    cfg = load_config(args.file)
+    print(describe(cfg, args.file))
+    return EXIT_OK
+
+
+def describe(cfg: Config, file: str) -> str:
+    g = cfg.gateway
+    lines = [
+        f"{file}: ok",
+        f"gateway  {g.host}:{g.port}  policy={g.policy}  state={g.state}"
+        + (f"  default_agent={g.default_agent}" if g.default_agent else ""),
+        "backends:",
+    ]
+    for b in cfg.backends:
+        extra = []
+        if b.sim is not None:
+            extra.append(f"sim={b.sim.profile}@{b.sim.speedup:g}x")
+        if b.launch is not None:
+            extra.append(f"launch={b.launch.hf_model} gpu={b.launch.gpu} kv={b.launch.kv_cache_gib:g}GiB")
+        if b.tags:
+            extra.append("tags=" + ",".join(b.tags))
+        lines.append(
+            f"  {b.name:<14} {b.model:<16} {b.url:<26} kv={b.kv_budget_tokens:<9} "
+            f"max_len={b.max_model_len:<6} {' '.join(extra)}".rstrip()
+        )
+    lines.append("agents:")
+    for a in cfg.agents:
+        sla = ", ".join(f"{k}={v:g}" for k, v in a.sla.model_dump().items() if v is not None) or "none"
+        keys = f"{len(a.api_keys)} key(s)" if a.api_keys else "no keys"
+        lines.append(
+            f"  {a.name:<10} models={','.join(a.models)}  sla[{sla}]  priority={a.priority}  "
+            f"on_overload={a.on_overload}  {keys}"
+        )
+    return "\n".join(lines)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from router.serve import serve
+
+    cfg = load_config(args.config)
+    if args.workers < 1:
+        raise ConfigError("--workers must be at least 1", key="--workers")
+    serve(
+        cfg, config_path=args.config, host=args.host, port=args.port, workers=args.workers, start_sims=not args.no_sims
+    )
+    return EXIT_OK
+
+
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from backends.sim.server import SimSettings, serve
+
+    from backends.sim.profile import ProfileError
+
+    try:
+        settings = SimSettings(
+            model=args.model,
+            profile=args.profile,
+            kv_tokens=args.kv_tokens,
+            speedup=args.speedup,
+            seed=args.seed,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        )
+        serve(settings, host=args.host, port=args.port)
+    except ProfileError as exc:
+        raise ConfigError(str(exc), key="--profile") from exc
+    return EXIT_OK
+
+
+_COMMANDS = {"serve": _cmd_serve, "check": _cmd_check, "sim": _cmd_sim}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"chimera: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ChimeraError as exc:
+        print(f"chimera: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except OSError as exc:  # e.g. the port is taken
+        print(f"chimera: error: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""`chimera serve`: start the config's simulated workers, then run the gateway under uvicorn."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+
+from router.config import BackendConfig, Config, load_config
+from router.errors import ChimeraError
+
+log = logging.getLogger("chimera.serve")
+
+CONFIG_ENV = "CHIMERA_CONFIG"  # how `--workers N` hands the config path to each uvicorn worker
+
+
+def sim_command(backend: BackendConfig) -> list[str]:
+    """The `chimera sim` command line that serves ``backend`` as a simulated worker."""
+    spec = backend.sim
+    assert spec is not None
+    cmd = [
+        sys.executable, "-m", "router.cli", "sim",
+        "--host", backend.host, "--port", str(backend.port),
+        "--model", backend.model, "--profile", spec.profile,
+        "--speedup", repr(spec.speedup), "--seed", str(spec.seed),
+        "--kv-tokens", str(spec.kv_tokens or backend.kv_budget_tokens),
+    ]  # fmt: skip
+    if spec.max_num_seqs:
+        cmd += ["--max-num-seqs", str(spec.max_num_seqs)]
+    if spec.max_num_batched_tokens:
+        cmd += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
+    return cmd
+
+
+@contextlib.contextmanager
+def running_sims(
+    backends: Sequence[BackendConfig], *, timeout_s: float = 30.0
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start a `chimera sim` process per backend with ``sim:``; wait for /health; stop them on exit."""
+    procs: list[tuple[BackendConfig, subprocess.Popen[bytes]]] = []
+    try:
+        for b in backends:
+            if b.sim is not None:
+                procs.append((b, subprocess.Popen(sim_command(b), stderr=subprocess.PIPE)))
+        deadline = time.monotonic() + timeout_s
+        for b, p in procs:
+            _wait_healthy(b, p, deadline)
+            log.info("simulated worker %s (%s, %s) is up at %s", b.name, b.model, b.sim and b.sim.profile, b.url)
+        yield [p for _, p in procs]
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for _, p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if p.stderr is not None:
+                p.stderr.close()
+
+
+def _wait_healthy(b: BackendConfig, p: subprocess.Popen[bytes], deadline: float) -> None:
+    while True:
+        if p.poll() is not None:
+            err = (p.stderr.read() if p.stderr else b"").decode(errors="replace").strip().splitlines()
+            raise ChimeraError(f"simulated worker {b.name} exited: {err[-1] if err else p.returncode}")
+        try:
+            if httpx.get(b.url + "/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise ChimeraError(f"simulated worker {b.name} did not become healthy at {b.url}")
+        time.sleep(0.1)
+
+
+def app_factory() -> Starlette:
+    """uvicorn ``--factory`` entry for multi-process serving: the config path comes from the env."""
+    from router.app import create_app
+
+    app: Starlette = create_app(load_config(os.environ[CONFIG_ENV]))
+    return app
+
+
+def serve(
+    cfg: Config,
+    *,
+    config_path: str,
+    host: str | None = None,
+    port: int | None = None,
+    workers: int = 1,
+    start_sims: bool = True,
+) -> None:
+    from router.app import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host = host or cfg.gateway.host
+    port = cfg.gateway.port if port is None else port
+    if workers > 1 and cfg.gateway.state == "memory":
+        log.warning("--workers %d with state: memory — each process keeps its own view of the fleet; "
+                    "use a redis:// state to share it", workers)  # fmt: skip
+    with running_sims(cfg.backends if start_sims else ()):
+        log.info(
+            "chimera gateway on http://%s:%d (policy %s, state %s)", host, port, cfg.gateway.policy, cfg.gateway.state
+        )
+        if workers == 1:
+            uvicorn.run(create_app(cfg), host=host, port=port, log_level="warning", access_log=False)
+        else:
+            os.environ[CONFIG_ENV] = os.path.abspath(config_path)
+            uvicorn.run(
+                "router.serve:app_factory", factory=True, host=host, port=port, workers=workers,
+                log_level="warning", access_log=False,
+            )  # fmt: skip

@@ -1,0 +1,28 @@
+"""The code-quality gates run with the suite, so `pytest` alone tells whether main is green."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_ruff_clean() -> None:
+    ruff = shutil.which("ruff") or pytest.fail("ruff is not installed (pip install -e '.[dev]')")
+    proc = subprocess.run([ruff, "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+
+
+@pytest.mark.slow
+def test_mypy_strict_on_packages() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "router", "backends", "predictor"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
