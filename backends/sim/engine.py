@@ -1,0 +1,346 @@
+"""A vLLM V1-style engine: continuous batching, chunked prefill, paged KV, preemption.
+
+The scheduler follows ``vllm/v1/core/sched/scheduler.py``: each step first advances the running
+requests in order (a decoding request takes one token of the step's budget, a request part-way
+through its prefill takes its next chunk) and, when one cannot get KV blocks, preempts the newest
+running request (recompute: its blocks are freed and it goes back to the front of the queue).
+Then, if nobody was preempted, waiting requests are admitted first-come first-served while the
+token budget and ``max_num_seqs`` allow, each reusing its longest cached prefix. A step lasts what
+the profile's linear model says for its features, divided by ``speedup``; its tokens are released
+when it ends. Time is an absolute schedule, so a late wake-up is caught up, and measured as lag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from backends.sim.kvcache import KVCache
+from backends.sim.metrics import ITL_BUCKETS, LAG_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS, Hist
+from backends.sim.profile import Profile
+from backends.sim.textgen import MARKER_INDEX, VOCAB_IDS, Answer, word_index
+
+
+class Status(Enum):
+    PENDING = "pending"  # in the API front end (ttft overhead), not yet in the engine
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+class Request:
+    """One sequence in the engine; also the channel its tokens reach the HTTP handler through."""
+
+    __slots__ = (
+        "arrival", "block_hashes", "block_ids", "final_len", "finish_reason", "first_scheduled",
+        "first_token", "finished_at", "last_token", "marker_at", "marker_index", "num_cached_blocks",
+        "num_computed", "output", "prompt_ids", "prompt_len", "request_id", "status", "waiter",
+        "word_start",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        answer: Answer,
+        max_tokens: int,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        arrival: float = 0.0,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.prompt_len = len(prompt_ids)
+        self.output: list[int] = []  # vocabulary indices of the generated words
+        self.num_computed = 0  # tokens whose KV is in the cache
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []
+        self.num_cached_blocks = 0
+        self.status = Status.PENDING
+        self.arrival = arrival
+        self.first_scheduled = -1.0
+        self.first_token = -1.0
+        self.last_token = -1.0
+        self.finished_at = -1.0
+        self.waiter: asyncio.Future[None] | None = None
+        self.word_start = answer.word_start
+        # How the answer ends is fixed up front: EOS after the natural length (at least
+        # min_tokens), unless max_tokens cuts it first or ignore_eos runs on to max_tokens.
+        natural = max(answer.natural_tokens, min_tokens)
+        if ignore_eos or natural > max_tokens:
+            self.final_len, self.finish_reason = max_tokens, "length"
+        else:
+            self.final_len, self.finish_reason = natural, "stop"
+        complete = ignore_eos or natural <= max_tokens
+        self.marker_at = self.final_len - 1 if complete and answer.marker else -1
+        self.marker_index = MARKER_INDEX[answer.marker] if answer.marker else -1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + len(self.output)
+
+    @property
+    def done(self) -> bool:
+        return self.status is Status.FINISHED or self.status is Status.ABORTED
+
+    def token_slice(self, start: int, stop: int) -> tuple[int, ...]:
+        p = self.prompt_len
+        if stop <= p:
+            return tuple(self.prompt_ids[start:stop])
+        gen = tuple(VOCAB_IDS[k] for k in self.output[max(start - p, 0) : stop - p])
+        return tuple(self.prompt_ids[start:p]) + gen if start < p else gen
+
+    async def wait_for_output(self, seen: int) -> None:
+        """Return once more than ``seen`` tokens exist or the request is done."""
+        if len(self.output) > seen or self.done:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiter = fut
+        await fut
+
+    def wake(self) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    finished: int = 0
+    steps: int = 0
+    busy_s: float = 0.0
+    last_lag: float = 0.0
+    ttft: Hist = field(default_factory=lambda: Hist(TTFT_BUCKETS))
+    e2e: Hist = field(default_factory=lambda: Hist(REQUEST_BUCKETS))
+    itl: Hist = field(default_factory=lambda: Hist(ITL_BUCKETS))
+    queue: Hist = field(default_factory=lambda: Hist(REQUEST_BUCKETS))
+    lag: Hist = field(default_factory=lambda: Hist(LAG_BUCKETS))
+
+
+@dataclass
+class Batch:
+    """One scheduled step: who computes how many tokens, and for how long."""
+
+    start: float
+    requests: list[Request] = field(default_factory=list)
+    num_new: list[int] = field(default_factory=list)
+    duration: float = 0.0
+
+
+class Engine:
+    def __init__(
+        self,
+        profile: Profile,
+        kv_tokens: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        speedup: float = 1.0,
+    ) -> None:
+        self.profile = profile
+        self.kv = KVCache(kv_tokens // profile.block_size, profile.block_size)
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.speedup = speedup
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.stats = EngineStats()
+        self._wake = asyncio.Event()
+        self._ttft_overhead = profile.ttft_overhead_s / speedup
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.kv.num_blocks * self.kv.block_size
+
+    # -- requests in and out --------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        """Hand a request over; it reaches the queue after the front end's TTFT overhead."""
+        if self._ttft_overhead > 0:
+            asyncio.get_running_loop().call_later(self._ttft_overhead, self.enqueue, req)
+        else:
+            self.enqueue(req)
+
+    def enqueue(self, req: Request) -> None:
+        if req.status is not Status.PENDING:
+            return  # aborted while in the front end
+        req.status = Status.WAITING
+        self.waiting.append(req)
+        self._wake.set()
+
+    def abort(self, req: Request) -> None:
+        """Drop a request (client gone); its blocks return to the pool, cached."""
+        if req.status is Status.WAITING:
+            self.waiting.remove(req)
+        elif req.status is Status.RUNNING:
+            self.running.remove(req)
+            self.kv.free(req)
+        elif req.done:
+            return
+        req.status = Status.ABORTED
+        req.wake()
+
+    # -- the scheduler --------------------------------------------------------------------------
+    def schedule(self, now: float) -> Batch:
+        kv, bs, st = self.kv, self.kv.block_size, self.stats
+        batch = Batch(start=now)
+        reqs, news = batch.requests, batch.num_new
+        budget = self.max_num_batched_tokens
+        n_decode = ctx = prefill = 0
+        attn = 0.0
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            start = req.num_computed
+            n = min(req.num_tokens - start, budget)
+            if start + n > len(req.block_ids) * bs:
+                while not kv.allocate(req, start + n):
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        break
+                if req.status is not Status.RUNNING:
+                    break
+            reqs.append(req)
+            news.append(n)
+            budget -= n
+            if n == 1 and req.output and start == req.num_tokens - 1:
+                n_decode += 1
+                ctx += start + 1
+            else:
+                prefill += n
+                attn += n * (start + n / 2)
+            i += 1
+        if not preempted:
+            waiting = self.waiting
+            while waiting and budget > 0 and len(running) < self.max_num_seqs:
+                req = waiting[0]
+                total = req.num_tokens
+                prefix = kv.find_prefix(req, total)
+                start = len(prefix) * bs
+                n = min(total - start, budget)
+                if not kv.allocate(req, start + n, prefix):
+                    break
+                waiting.popleft()
+                st.prefix_queries += total
+                st.prefix_hits += start
+                req.num_computed = start
+                req.status = Status.RUNNING
+                if req.first_scheduled < 0:
+                    req.first_scheduled = now
+                    st.queue.observe(now - req.arrival)
+                running.append(req)
+                reqs.append(req)
+                news.append(n)
+                budget -= n
+                prefill += n
+                attn += n * (start + n / 2)
+        if reqs:
+            c = self.profile.step_time
+            batch.duration = (
+                c.base
+                + c.prefill_tokens * prefill
+                + c.decode_seqs * n_decode
+                + c.decode_context_tokens * ctx
+                + c.prefill_attn_mtok2 * attn / 1e6
+            ) / self.speedup
+        return batch
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.num_computed = 0
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+        self.stats.preemptions += 1
+
+    def commit(self, batch: Batch, now: float) -> None:
+        """The step ended at ``now``: its KV is written and each caught-up request samples a token."""
+        kv, bs, st = self.kv, self.kv.block_size, self.stats
+        running_status = Status.RUNNING
+        finished = False
+        sampled = 0
+        ttft, itl = st.ttft, st.itl
+        for req, n in zip(batch.requests, batch.num_new, strict=True):
+            if req.status is not running_status:
+                continue  # aborted during the step
+            computed = req.num_computed + n
+            req.num_computed = computed
+            if computed // bs > req.num_cached_blocks:
+                kv.commit_full_blocks(req, computed)
+            out = req.output
+            if computed < req.prompt_len + len(out):
+                continue  # mid-prefill chunk: nothing sampled
+            i = len(out)
+            sampled += 1
+            out.append(req.marker_index if i == req.marker_at else word_index(req.word_start, i))
+            if i == 0:
+                req.first_token = now
+                ttft.observe(now - req.arrival)
+                st.prompt_tokens += req.prompt_len
+            else:
+                itl.observe(now - req.last_token)
+            req.last_token = now
+            if i + 1 == req.final_len:
+                req.status = Status.FINISHED
+                req.finished_at = now
+                kv.free(req)
+                st.e2e.observe(now - req.arrival)
+                st.finished += 1
+                finished = True
+            w = req.waiter
+            if w is not None:
+                req.waiter = None
+                if not w.done():
+                    w.set_result(None)
+        st.generation_tokens += sampled
+        if finished:
+            self.running = [r for r in self.running if r.status is running_status]
+        st.steps += 1
+        st.busy_s += batch.duration
+
+    # -- the clock ------------------------------------------------------------------------------
+    def step(self, now: float) -> Batch:
+        """Run one whole step at ``now`` synchronously (for tests and offline use)."""
+        batch = self.schedule(now)
+        self.commit(batch, now + batch.duration)
+        return batch
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        st = self.stats
+        t = loop.time()
+        while True:
+            if self.idle:
+                self._wake.clear()
+                await self._wake.wait()
+                t = loop.time()
+            batch = self.schedule(t)
+            if not batch.requests:
+                # Nothing can run (cannot happen with validated requests); wait for a change.
+                self._wake.clear()
+                await self._wake.wait()
+                t = loop.time()
+                continue
+            end = t + batch.duration
+            delay = end - loop.time()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            lag = loop.time() - end
+            st.last_lag = lag
+            st.lag.observe(lag)
+            self.commit(batch, end)
+            t = end

@@ -1,0 +1,156 @@
+"""The `chimera` command line as a user runs it: real processes, real ports, the openai SDK."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _chimera(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "router.cli", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_check_quickstart_prints_the_fleet() -> None:
+    proc = _chimera("check", "examples/quickstart.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert "small-0" in proc.stdout and "qwen2.5-7b" in proc.stdout and "planner" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "where"),
+    [
+        ("gateway: {port: 1}\nbackends: []\nagents: []\n", ":2: backends"),  # empty lists
+        (
+            "backends:\n  - {name: a, url: 'http://127.0.0.1:1', model: m, kv_budget_tokens: 1, colour: red}\n"
+            "agents:\n  - {name: x, models: [m]}\n",
+            ":2: backends[a].colour: unknown key",
+        ),
+        (
+            "backends:\n  - name: a\n    url: ftp://nowhere\n    model: m\n    kv_budget_tokens: 5\n"
+            "agents:\n  - {name: x, models: [m]}\n",
+            ":3: backends[a].url",
+        ),
+        ("backends: [\n", ":2:"),
+    ],
+)
+def test_check_bad_config_is_one_line_with_file_line_key(tmp_path: Path, yaml_text: str, where: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml_text)
+    proc = _chimera("check", str(f))
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    line = proc.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith(f"chimera: error: {f}") and where in line, line
+
+
+def test_check_missing_env_var_names_the_variable(tmp_path: Path) -> None:
+    f = tmp_path / "keys.yaml"
+    f.write_text(
+        "backends:\n  - {name: a, url: 'http://127.0.0.1:1', model: m, kv_budget_tokens: 5}\n"
+        "agents:\n  - name: x\n    api_keys: [${CHIMERA_TEST_UNSET_KEY}]\n    models: [m]\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CHIMERA_TEST_UNSET_KEY"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "router.cli", "check", str(f)], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 2
+    assert ":5:" in proc.stderr and "CHIMERA_TEST_UNSET_KEY is not set" in proc.stderr
+
+
+def test_bad_arguments_exit_2() -> None:
+    assert _chimera("serve").returncode == 2
+    assert _chimera("sim", "--port", "notaport").returncode == 2
+    proc = _chimera("sim", "--port", str(_free_port()), "--profile", "no-such-profile")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+@pytest.fixture
+def served_gateway(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str], list[int]]]:
+    gw, s1, s2 = _free_port(), _free_port(), _free_port()
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(
+        f"""
+gateway: {{port: {gw}, policy: round_robin, default_agent: chat, request_log: {tmp_path}/req.jsonl}}
+backends:
+  - {{name: s1, url: "http://127.0.0.1:{s1}", model: qwen2.5-0.5b, kv_budget_tokens: 200000,
+     sim: {{profile: h200-qwen2.5-0.5b, speedup: 5}}}}
+  - {{name: s2, url: "http://127.0.0.1:{s2}", model: qwen2.5-7b, kv_budget_tokens: 200000,
+     sim: {{profile: h200-qwen2.5-7b, speedup: 5}}}}
+agents:
+  - {{name: chat, models: [qwen2.5-0.5b, qwen2.5-7b]}}
+"""
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{gw}"
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base + "/ready", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("gateway did not become ready")
+    try:
+        yield base, proc, [s1, s2]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@pytest.mark.slow
+def test_serve_starts_sims_and_routes(served_gateway: tuple[str, subprocess.Popen[str], list[int]]) -> None:
+    base, proc, sim_ports = served_gateway
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    seen = set()
+    for _ in range(4):
+        raw = client.chat.completions.with_raw_response.create(
+            model="auto", messages=[{"role": "user", "content": "hello there"}], max_tokens=8
+        )
+        seen.add(raw.headers["x-chimera-backend"])
+        assert raw.parse().usage is not None
+    assert seen == {"s1", "s2"}  # round robin over the two simulated workers
+    fleet = httpx.get(base + "/fleet").json()
+    assert {b["name"] for b in fleet["backends"]} == {"s1", "s2"}
+    # Stopping the gateway stops the simulated workers it started.
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=15)
+    assert proc.returncode == 0
+    for port in sim_ports:
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
