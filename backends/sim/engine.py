@@ -35,9 +35,26 @@ class Request:
     """One sequence in the engine; also the channel its tokens reach the HTTP handler through."""
 
     __slots__ = (
-        "arrival", "block_hashes", "block_ids", "final_len", "finish_reason", "first_scheduled",
-        "first_token", "finished_at", "last_token", "marker_at", "marker_index", "num_cached_blocks",
-        "num_computed", "output", "prompt_ids", "prompt_len", "request_id", "status", "waiter",
+        "arrival",
+        "block_hashes",
+        "block_ids",
+        "final_len",
+        "finish_reason",
+        "finished_at",
+        "first_scheduled",
+        "first_token",
+        "last_token",
+        "marker_at",
+        "marker_index",
+        "notify_each",
+        "num_cached_blocks",
+        "num_computed",
+        "output",
+        "prompt_ids",
+        "prompt_len",
+        "request_id",
+        "status",
+        "waiter",
         "word_start",
     )
 
@@ -66,6 +83,7 @@ class Request:
         self.last_token = -1.0
         self.finished_at = -1.0
         self.waiter: asyncio.Future[None] | None = None
+        self.notify_each = True  # wake the waiter on every token, not only at the end
         self.word_start = answer.word_start
         # How the answer ends is fixed up front: EOS after the natural length (at least
         # min_tokens), unless max_tokens cuts it first or ignore_eos runs on to max_tokens.
@@ -239,7 +257,7 @@ class Engine:
                 req.status = Status.RUNNING
                 if req.first_scheduled < 0:
                     req.first_scheduled = now
-                    st.queue.observe(now - req.arrival)
+                    st.queue.observe(now - req.arrival - self._ttft_overhead)
                 running.append(req)
                 reqs.append(req)
                 news.append(n)
@@ -298,6 +316,8 @@ class Engine:
                 st.e2e.observe(now - req.arrival)
                 st.finished += 1
                 finished = True
+            elif not req.notify_each:
+                continue
             w = req.waiter
             if w is not None:
                 req.waiter = None

@@ -24,12 +24,74 @@ if TYPE_CHECKING:
     from backends.sim.engine import Engine
 
 # Bucket bounds as vLLM 0.26 declares them (vllm/v1/metrics/loggers.py).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-               20.0, 40.0, 80.0)
-REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                   120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -93,34 +155,30 @@ class EngineCollector(Collector):
         yield gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", len(e.waiting))
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kv.usage)
         info = GaugeMetricFamily(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
             labels=["block_size", "num_gpu_blocks", "enable_prefix_caching", "model_name"],
         )
         info.add_metric([str(e.kv.block_size), str(e.kv.num_blocks), "True", self._model], 1.0)
         yield info
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens)
-        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                      s.preemptions)
-        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried "
-                      "tokens.", s.prefix_queries)
-        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                      s.prefix_hits)
+        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.preemptions)
+        yield counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", s.prefix_queries
+        )
+        yield counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", s.prefix_hits
+        )
         yield counter("vllm:request_success", "Count of successfully processed requests.", s.finished)
-        yield hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                   s.ttft)
-        yield hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                   s.e2e)
-        yield hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                   s.itl)
-        yield hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase.",
-                   s.queue)
-        yield gauge("sim:engine_lag_seconds", "Lateness of the latest engine step against its schedule.",
-                    s.last_lag)
+        yield hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", s.ttft)
+        yield hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", s.e2e)
+        yield hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", s.itl)
+        yield hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase.", s.queue)
+        yield gauge("sim:engine_lag_seconds", "Lateness of the latest engine step against its schedule.", s.last_lag)
         yield hist("sim:engine_step_lag_seconds", "Lateness of engine steps against their schedule.", s.lag)
         yield counter("sim:engine_steps", "Engine steps run.", s.steps)
-        yield counter("sim:engine_busy_seconds", "Simulated GPU time of the steps run (wall seconds).",
-                      s.busy_s)
+        yield counter("sim:engine_busy_seconds", "Simulated GPU time of the steps run (wall seconds).", s.busy_s)
 
 
 def make_registry(engine: Engine, model_name: str) -> CollectorRegistry:

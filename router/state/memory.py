@@ -4,7 +4,9 @@ Every worker has a small mutable record updated by ``reserve``/``release`` (this
 in-flight load) and by ``record_probe``/``record_result`` (health, scraped load, latency EWMAs).
 ``snapshot()`` copies the records into frozen :class:`BackendView` objects; it runs on every
 request, so it does no I/O and no locking (everything happens on one event loop, and no method
-awaits in the middle of an update, so each update is atomic with respect to the others).
+awaits in the middle of an update, so each update is atomic with respect to the others). Building
+a view costs microseconds, so views are cached per worker and rebuilt only when that worker's
+record changed or ``AGE_RESOLUTION_S`` has passed (the ages in a view are that fresh).
 
 Health is a small state machine per worker:
 
@@ -17,10 +19,11 @@ Health is a small state machine per worker:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import os
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +34,7 @@ from router.types import BackendView, FleetSnapshot
 log = logging.getLogger(__name__)
 
 EWMA_ALPHA = 0.2  # weight of the newest TTFT/TPOT sample
+AGE_RESOLUTION_S = 0.05  # a cached view's metrics_age_s / last_success_age_s lag by at most this
 
 
 @dataclass(slots=True)
@@ -52,6 +56,7 @@ class _Record:
     last_success_at: float | None = None
     ttft_ewma_s: float | None = None
     tpot_ewma_s: float | None = None
+    view: BackendView | None = None  # cache; every mutator resets it through _touch()
 
 
 class MemoryFleetState:
@@ -69,11 +74,15 @@ class MemoryFleetState:
         self._health = health
         self._clock = clock
         self._records: dict[str, _Record] = {
-            b.name: _Record(b.name, b.model, b.kv_budget_tokens, b.max_model_len, frozenset(b.tags))
-            for b in backends
+            b.name: _Record(b.name, b.model, b.kv_budget_tokens, b.max_model_len, frozenset(b.tags)) for b in backends
         }
         self._reservations: dict[str, Reservation] = {}
+        # Ids unique per process start (the prefix) and cheap (no syscall per request, unlike uuid4).
+        self._id_prefix = os.urandom(4).hex()
+        self._ids = itertools.count(1)
         self._any_probe_ok = False
+        self._views: tuple[BackendView, ...] | None = None  # None: some record changed
+        self._views_at = -math.inf
 
     # -- lifecycle (nothing to connect to) --
 
@@ -91,7 +100,13 @@ class MemoryFleetState:
 
     def snapshot(self) -> FleetSnapshot:
         now = self._clock()
-        return FleetSnapshot(tuple(_view(r, now) for r in self._records.values()), now)
+        if now - self._views_at >= AGE_RESOLUTION_S:
+            for r in self._records.values():
+                r.view = None
+            self._views, self._views_at = None, now
+        if self._views is None:
+            self._views = tuple(r.view or self._build(r, now) for r in self._records.values())
+        return FleetSnapshot(self._views, now)
 
     def any_probe_ok(self) -> bool:
         return self._any_probe_ok
@@ -99,8 +114,8 @@ class MemoryFleetState:
     # -- in-flight accounting --
 
     async def reserve(self, backend: str, tokens: int) -> Reservation:
-        rec = self._record(backend)
-        res = Reservation(id=uuid.uuid4().hex, backend=backend, tokens=max(0, tokens))
+        rec = self._touch(backend)
+        res = Reservation(id=f"{self._id_prefix}-{next(self._ids)}", backend=backend, tokens=max(0, tokens))
         rec.inflight_requests += 1
         rec.inflight_tokens += res.tokens
         self._reservations[res.id] = res
@@ -111,14 +126,14 @@ class MemoryFleetState:
         res = self._reservations.pop(reservation.id, None)
         if res is None:
             return
-        rec = self._records[res.backend]
+        rec = self._touch(res.backend)
         rec.inflight_requests = max(0, rec.inflight_requests - 1)
         rec.inflight_tokens = max(0, rec.inflight_tokens - res.tokens)
 
     # -- health --
 
     async def record_probe(self, backend: str, ok: bool, metrics: ScrapedMetrics | None) -> None:
-        rec = self._record(backend)
+        rec = self._touch(backend)
         now = self._clock()
         if metrics is not None:
             rec.metrics, rec.metrics_at = metrics, now
@@ -137,7 +152,7 @@ class MemoryFleetState:
     async def record_result(
         self, backend: str, ok: bool, *, ttft_s: float | None = None, tpot_s: float | None = None
     ) -> None:
-        rec = self._record(backend)
+        rec = self._touch(backend)
         if not ok:
             rec.consecutive_probe_successes = 0
             self._failure(rec, "request")
@@ -153,14 +168,24 @@ class MemoryFleetState:
         rec.consecutive_failures += 1
         if rec.healthy and rec.consecutive_failures >= self._health.eject_after_failures:
             rec.healthy = False
-            log.warning("worker %s ejected after %d consecutive failures (last: %s)",
-                        rec.name, rec.consecutive_failures, source)
+            log.warning(
+                "worker %s ejected after %d consecutive failures (last: %s)", rec.name, rec.consecutive_failures, source
+            )
 
-    def _record(self, backend: str) -> _Record:
+    def _touch(self, backend: str) -> _Record:
+        """The record about to change, its cached view dropped."""
         try:
-            return self._records[backend]
+            rec = self._records[backend]
         except KeyError:
             raise ValueError(f"unknown backend {backend!r}") from None
+        rec.view = None
+        self._views = None
+        return rec
+
+    @staticmethod
+    def _build(r: _Record, now: float) -> BackendView:
+        r.view = _view(r, now)
+        return r.view
 
 
 def _ewma(old: float | None, sample: float | None) -> float | None:

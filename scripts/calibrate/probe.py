@@ -255,9 +255,10 @@ class Probe:
     def batch(self, specs: list[dict]) -> tuple[list[dict], dict]:
         """Run specs concurrently (spread over the client processes); scale times; return results, delta."""
         _, m0 = self.metrics()
-        t_start = time.perf_counter() + (0.3 if self.pool else 0.02)
         timeout = self.a.request_timeout
-        if self.pool and len(specs) > 1:
+        use_pool = self.pool is not None and len(specs) > 1
+        t_start = time.perf_counter() + (0.3 if use_pool else 0.02)
+        if use_pool:
             n = min(self.a.procs, len(specs))
             parts = [specs[i::n] for i in range(n)]
             rs = [r for part in self.pool.map(_worker, [(self.url, self.model, p, t_start, timeout) for p in parts])

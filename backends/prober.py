@@ -1,0 +1,129 @@
+"""Active health checks: one asyncio task per worker probes ``/health`` and scrapes ``/metrics``.
+
+Each round: ``GET {url}/health`` (ok means 200), then, only if healthy, ``GET {url}/metrics``
+parsed by :func:`backends.scrape.parse_vllm_metrics`. A worker whose /health is fine but whose
+/metrics fails is still healthy; its metrics just go stale (``metrics_age_s`` grows). Each request
+is bounded by ``probe_timeout_s`` so a stalled worker cannot stall its prober, and rounds follow a
+fixed cadence so a slow probe does not push the next ones back.
+
+The outcome goes to ``FleetState.record_probe``; ejection and re-admission are the state's call,
+so active and passive failures are counted in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+
+import httpx
+
+from backends.scrape import parse_vllm_metrics
+from router.config import BackendConfig, HealthConfig
+from router.errors import ChimeraError, WorkerProtocolError
+from router.state.base import FleetState, ScrapedMetrics
+
+log = logging.getLogger(__name__)
+
+FIRST_PROBE_SPREAD = 0.25  # the first probe lands within this share of an interval (no lockstep)
+
+
+class Prober:
+    """Probes every configured worker until :meth:`close`. The client is injected, not owned."""
+
+    def __init__(
+        self,
+        backends: Sequence[BackendConfig],
+        state: FleetState,
+        client: httpx.AsyncClient,
+        health: HealthConfig,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._backends = tuple(backends)
+        self._state = state
+        self._client = client
+        self._health = health
+        self._rng = rng or random.Random()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_ok: dict[str, bool] = {}
+
+    async def start(self) -> None:
+        if self._tasks:
+            return
+        for b in self._backends:
+            task = asyncio.create_task(self._run(b), name=f"probe:{b.name}")
+            task.add_done_callback(_report_crash)
+            self._tasks.append(task)
+
+    async def close(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def probe_once(self, backend: BackendConfig) -> tuple[bool, ScrapedMetrics | None]:
+        """One round against one worker: (health ok, parsed metrics or None). Never raises for a
+        worker's failure; those are the expected outcome of a probe."""
+        try:
+            resp = await self._get(backend, "/health")
+        except (httpx.HTTPError, TimeoutError) as exc:
+            self._note(backend, False, f"/health: {_describe(exc)}")
+            return False, None
+        if resp.status_code != 200:
+            self._note(backend, False, f"/health answered {resp.status_code}")
+            return False, None
+        self._note(backend, True, "")
+        try:
+            resp = await self._get(backend, "/metrics")
+            if resp.status_code != 200:
+                raise WorkerProtocolError(f"/metrics answered {resp.status_code}", backend=backend.name)
+            return True, parse_vllm_metrics(resp.text)
+        except (httpx.HTTPError, TimeoutError, WorkerProtocolError) as exc:
+            log.debug("worker %s: metrics unavailable: %s", backend.name, _describe(exc))
+            return True, None
+
+    async def _run(self, backend: BackendConfig) -> None:
+        interval = self._health.probe_interval_s
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(self._rng.uniform(0, interval * FIRST_PROBE_SPREAD))
+        next_at = loop.time()
+        while True:
+            ok, metrics = await self.probe_once(backend)
+            try:
+                await self._state.record_probe(backend.name, ok, metrics)
+            except ChimeraError as exc:  # e.g. a shared state that is briefly unreachable
+                log.warning("worker %s: could not record probe: %s", backend.name, exc)
+            # Fixed cadence; a round that overran its slot skips to the next one.
+            now = loop.time()
+            next_at += interval
+            if next_at < now:
+                next_at = now + interval - (now - next_at) % interval
+            await asyncio.sleep(next_at - now)
+
+    async def _get(self, backend: BackendConfig, path: str) -> httpx.Response:
+        timeout = self._health.probe_timeout_s
+        # httpx's timeout applies per phase (connect, read...); asyncio.timeout bounds the total.
+        async with asyncio.timeout(timeout):
+            return await self._client.get(backend.url + path, timeout=timeout)
+
+    def _note(self, backend: BackendConfig, ok: bool, why: str) -> None:
+        """Log probe outcome changes only, so a dead worker does not flood the log."""
+        if self._last_ok.get(backend.name, True) != ok:
+            if ok:
+                log.info("worker %s: probes succeed again", backend.name)
+            else:
+                log.warning("worker %s: probe failed: %s", backend.name, why)
+        self._last_ok[backend.name] = ok
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    # Probe failures are handled inside the loop; reaching here means a bug. Make it loud rather
+    # than leave a worker silently unprobed (and retrieve the exception so asyncio does not warn).
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("prober task %s died", task.get_name(), exc_info=exc)

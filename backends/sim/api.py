@@ -1,0 +1,247 @@
+"""The OpenAI wire format as vLLM's server speaks it: request parsing and response bodies.
+
+Pure functions over dicts and bytes; the ASGI plumbing lives in :mod:`backends.sim.server`.
+Streaming chunks are assembled from pre-encoded byte templates, one per request, because a
+stream costs one chunk per token and ``json.dumps`` per chunk would dominate the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from backends.sim.textgen import VOCAB, chat_text, tokenize
+
+WORDS = [w.encode() for w in VOCAB]
+SPACED_WORDS = [b" " + w for w in WORDS]
+
+
+class ApiError(Exception):
+    """Answered as OpenAI's error envelope with ``status``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def body(self) -> bytes:
+        kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed"}.get(
+            self.status, "InternalServerError"
+        )
+        err = {"message": self.message, "type": kind, "param": self.param, "code": self.status}
+        return json.dumps({"error": err}).encode()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A validated completion request."""
+
+    chat: bool
+    stream: bool
+    include_usage: bool
+    prompt_text: str  # what the answer's draws are keyed on
+    prompt_ids: list[int]
+    max_tokens: int
+    min_tokens: int
+    ignore_eos: bool
+    output_tokens: int | None
+    difficulty: float | None
+    seed: int | None
+
+
+def parse_completion(body: bytes, chat: bool, served_model: str, max_model_len: int) -> Completion:
+    try:
+        req = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"Invalid JSON body: {exc}") from exc
+    if not isinstance(req, dict):
+        raise ApiError(400, "The request body must be a JSON object")
+    model = req.get("model", served_model)
+    if model != served_model:
+        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+    if chat:
+        messages = req.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ApiError(400, "'messages' must be a non-empty list", "messages")
+        try:
+            text = chat_text(messages)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "messages") from exc
+        ids = tokenize(text)
+    else:
+        text, ids = _prompt(req.get("prompt"))
+    if not ids:
+        raise ApiError(400, "The prompt cannot be empty", "prompt")
+    n = _opt_int(req, "n", 1)
+    if n != 1:
+        raise ApiError(400, "The simulated worker supports n=1 only", "n")
+    stream = _bool(req, "stream")
+    options = req.get("stream_options")
+    if options is not None and not stream:
+        raise ApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    max_tokens = _opt_int(req, "max_completion_tokens", None) if chat else None
+    max_tokens = _opt_int(req, "max_tokens", max_tokens)
+    prompt_len = len(ids)
+    if max_tokens is None:
+        max_tokens = max_model_len - prompt_len
+    if max_tokens < 1:
+        if prompt_len >= max_model_len:
+            raise ApiError(400, _too_long(max_model_len, prompt_len, max_tokens, chat), "messages")
+        raise ApiError(400, "max_tokens must be at least 1", "max_tokens")
+    if prompt_len + max_tokens > max_model_len:
+        raise ApiError(400, _too_long(max_model_len, prompt_len, max_tokens, chat), "max_tokens")
+    min_tokens = _opt_int(req, "min_tokens", 0) or 0
+    if min_tokens < 0 or min_tokens > max_tokens:
+        raise ApiError(400, "min_tokens must be between 0 and max_tokens", "min_tokens")
+    sim = req.get("sim") or {}
+    if not isinstance(sim, dict):
+        raise ApiError(400, "'sim' must be an object", "sim")
+    output_tokens = _opt_int(sim, "output_tokens", None, "sim.")
+    if output_tokens is not None and output_tokens < 1:
+        raise ApiError(400, "sim.output_tokens must be at least 1", "sim.output_tokens")
+    difficulty = sim.get("difficulty")
+    if difficulty is not None and (
+        isinstance(difficulty, bool) or not isinstance(difficulty, int | float) or not 0 <= difficulty <= 1
+    ):
+        raise ApiError(400, "sim.difficulty must be a number in [0, 1]", "sim.difficulty")
+    return Completion(
+        chat=chat,
+        stream=stream,
+        include_usage=include_usage,
+        prompt_text=text,
+        prompt_ids=ids,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=_bool(req, "ignore_eos"),
+        output_tokens=output_tokens,
+        difficulty=None if difficulty is None else float(difficulty),
+        seed=_opt_int(req, "seed", None),
+    )
+
+
+def _prompt(prompt: Any) -> tuple[str, list[int]]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return prompt, tokenize(prompt)
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return " ".join(map(str, prompt)), list(prompt)
+    raise ApiError(400, "'prompt' must be a string or a list of token ids (one prompt only)", "prompt")
+
+
+def _too_long(max_model_len: int, prompt_len: int, max_tokens: int, chat: bool) -> str:
+    where = "messages" if chat else "prompt"
+    return (
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+        f"{prompt_len + max(max_tokens, 0)} tokens ({prompt_len} in the {where}, {max(max_tokens, 0)} "
+        f"in the completion). Please reduce the length of the {where} or completion."
+    )
+
+
+def _opt_int(obj: dict[str, Any], key: str, default: int | None, prefix: str = "") -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"'{prefix}{key}' must be an integer", prefix + key)
+    return value
+
+
+def _bool(obj: dict[str, Any], key: str) -> bool:
+    value = obj.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{key}' must be a boolean", key)
+    return value
+
+
+# -- responses ------------------------------------------------------------------------------------
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+
+def full_response(
+    req_id: str, chat: bool, model: str, text: str, finish_reason: str, prompt_tokens: int, n_out: int
+) -> bytes:
+    choice: dict[str, Any]
+    if chat:
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "tool_calls": [],
+            "reasoning_content": None,
+        }
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+    else:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
+    body = {
+        "id": req_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, n_out),
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class ChunkWriter:
+    """Byte templates of one request's SSE stream: ``head + word + tail``."""
+
+    __slots__ = ("_envelope", "chat", "final_tail", "head", "tail")
+
+    def __init__(self, req_id: str, chat: bool, model: str) -> None:
+        self.chat = chat
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        self._envelope = (
+            f'{{"id":"{req_id}","object":"{obj}","created":{int(time.time())},"model":{json.dumps(model)},'
+        ).encode()
+        if chat:
+            self.head = b"data: " + self._envelope + b'"choices":[{"index":0,"delta":{"content":"'
+            self.tail = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
+            self.final_tail = b'"},"logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n'
+        else:
+            self.head = b"data: " + self._envelope + b'"choices":[{"index":0,"text":"'
+            self.tail = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+            self.final_tail = b'","logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n'
+
+    def role_chunk(self) -> bytes:
+        """vLLM opens a chat stream with the assistant role and empty content."""
+        return (
+            b"data: " + self._envelope + b'"choices":[{"index":0,"delta":{"role":"assistant",'
+            b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+        )
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        u = json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":")).encode()
+        return b"data: " + self._envelope + b'"choices":[],"usage":' + u + b"}\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_error(err: ApiError) -> bytes:
+    return b"data: " + err.body() + b"\n\n"

@@ -1,0 +1,240 @@
+"""The simulated vLLM worker as a plain ASGI app (and a blocking ``serve``).
+
+Plain ASGI rather than a framework: a stream is one ``send`` per engine step, and every layer in
+between would be paid per token. The engine runs as one task started and stopped by the lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from backends.sim import api
+from backends.sim.api import ApiError, ChunkWriter, Completion
+from backends.sim.engine import Engine, Request, Status
+from backends.sim.metrics import exposition, make_registry
+from backends.sim.profile import Profile, ProfileError, load_profile, positive_int
+from backends.sim.textgen import VOCAB, draw_answer
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    model: str | None = None  # served model name; default = profile's "model"
+    profile: str = "h200-qwen2.5-1.5b"  # name of a JSON in backends/sim/profiles, or a path to one
+    kv_tokens: int | None = None  # override of the profile's kv_budget_tokens
+    speedup: float = 1.0  # >1 faster than real time, <1 slower
+    seed: int = 0
+    max_num_seqs: int | None = None  # override of the profile's
+    max_num_batched_tokens: int | None = None
+
+
+def build_engine(settings: SimSettings) -> tuple[Profile, Engine]:
+    """Resolve the settings against their profile; raises :class:`ProfileError` on bad input."""
+    profile = load_profile(settings.profile)
+    if not (isinstance(settings.speedup, int | float) and math.isfinite(settings.speedup) and settings.speedup > 0):
+        raise ProfileError(f"speedup must be a positive number, got {settings.speedup!r}")
+    if isinstance(settings.seed, bool) or not isinstance(settings.seed, int) or settings.seed < 0:
+        raise ProfileError(f"seed must be a non-negative integer, got {settings.seed!r}")
+    if settings.model is not None and not settings.model:
+        raise ProfileError("model must be a non-empty name")
+    kv_tokens = positive_int("kv_tokens", settings.kv_tokens) or profile.kv_budget_tokens
+    if kv_tokens < profile.block_size:
+        raise ProfileError(f"kv_tokens must hold at least one block of {profile.block_size} tokens")
+    engine = Engine(
+        profile,
+        kv_tokens=kv_tokens,
+        max_num_seqs=positive_int("max_num_seqs", settings.max_num_seqs) or profile.max_num_seqs,
+        max_num_batched_tokens=positive_int("max_num_batched_tokens", settings.max_num_batched_tokens)
+        or profile.max_num_batched_tokens,
+        speedup=float(settings.speedup),
+    )
+    return profile, engine
+
+
+class SimApp:
+    """Routes the handful of endpoints vLLM's OpenAI server has."""
+
+    def __init__(self, settings: SimSettings) -> None:
+        self.settings = settings
+        self.profile, self.engine = build_engine(settings)
+        self.model = settings.model or self.profile.model
+        # vLLM refuses to start when max_model_len does not fit the KV cache; the sim caps it instead.
+        self.max_model_len = min(self.profile.max_model_len, self.engine.capacity_tokens)
+        self.registry = make_registry(self.engine, self.model)
+        self._task: asyncio.Task[None] | None = None
+        self._created = int(time.time())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._task = asyncio.create_task(self.engine.run(), name="sim-engine")
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._task is not None:
+                    self._task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._task
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        try:
+            if path in ("/v1/completions", "/v1/chat/completions"):
+                if method != "POST":
+                    raise ApiError(405, "Method Not Allowed")
+                body = await _read_body(receive)
+                req = api.parse_completion(body, path.endswith("chat/completions"), self.model, self.max_model_len)
+                await self._complete(req, receive, send)
+            elif method != "GET":
+                raise ApiError(405 if path in ("/health", "/v1/models", "/metrics") else 404, "Method Not Allowed")
+            elif path == "/health":
+                await _respond(send, 200, b"", JSON_HEADERS)
+            elif path == "/metrics":
+                await _respond(send, 200, exposition(self.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())])
+            elif path == "/v1/models":
+                await _respond(send, 200, self._models(), JSON_HEADERS)
+            elif path == "/version":
+                await _respond(send, 200, b'{"version":"0.26.0+sim"}', JSON_HEADERS)
+            else:
+                raise ApiError(404, "Not Found")
+        except ApiError as err:
+            await _respond(send, err.status, err.body(), JSON_HEADERS)
+
+    def _models(self) -> bytes:
+        card = {
+            "id": self.model,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "vllm",
+            "root": self.model,
+            "parent": None,
+            "max_model_len": self.max_model_len,
+        }
+        return json.dumps({"object": "list", "data": [card]}).encode()
+
+    async def _complete(self, c: Completion, receive: Receive, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        key = c.prompt_text if c.seed is None else f"{c.seed}\x00{c.prompt_text}"
+        answer = draw_answer(self.settings.seed, self.model, key, self.profile.quality, c.output_tokens, c.difficulty)
+        req = Request(
+            api.new_id(c.chat), c.prompt_ids, answer, c.max_tokens, c.min_tokens, c.ignore_eos, arrival=loop.time()
+        )
+        req.notify_each = c.stream
+        watcher = asyncio.create_task(self._abort_on_disconnect(req, receive))
+        self.engine.submit(req)
+        try:
+            if c.stream:
+                await self._stream(req, c, send)
+            else:
+                while not req.done:
+                    await req.wait_for_output(len(req.output))
+                if req.status is Status.FINISHED:
+                    text = " ".join(VOCAB[k] for k in req.output)
+                    await _respond(
+                        send,
+                        200,
+                        api.full_response(
+                            req.request_id, c.chat, self.model, text, req.finish_reason, req.prompt_len, len(req.output)
+                        ),
+                        JSON_HEADERS,
+                    )
+        finally:
+            watcher.cancel()
+            self.engine.abort(req)  # a no-op unless the handler itself was cancelled
+
+    async def _abort_on_disconnect(self, req: Request, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.engine.abort(req)
+
+    async def _stream(self, req: Request, c: Completion, send: Send) -> None:
+        w = ChunkWriter(req.request_id, c.chat, self.model)
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        if c.chat:
+            await send({"type": "http.response.body", "body": w.role_chunk(), "more_body": True})
+        head, tail, words, spaced = w.head, w.tail, api.WORDS, api.SPACED_WORDS
+        sent, out, last = 0, req.output, req.final_len - 1
+        while True:
+            await req.wait_for_output(sent)
+            if req.status is Status.ABORTED:
+                return
+            n = len(out)
+            parts = [head + (spaced[out[i]] if i else words[out[i]]) + tail for i in range(sent, min(n, last))]
+            if n > last:
+                word = spaced[out[last]] if last else words[out[last]]
+                parts.append(head + word + w.final_tail % req.finish_reason.encode())
+                if c.include_usage:
+                    parts.append(w.usage_chunk(req.prompt_len, n))
+                parts.append(api.DONE)
+                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
+                return
+            sent = n
+            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(400, "client disconnected")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def create_app(settings: SimSettings) -> ASGIApp:
+    """The worker's ASGI app; the engine starts and stops with the ASGI lifespan."""
+    return SimApp(settings)
+
+
+def serve(settings: SimSettings, host: str, port: int) -> None:
+    """Run one simulated worker until interrupted (blocking)."""
+    app = create_app(settings)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        ws="none",
+        lifespan="on",
+        timeout_keep_alive=30,
+    )

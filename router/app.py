@@ -1,0 +1,142 @@
+"""The gateway application: wiring only.
+
+``create_app(config)`` builds a Starlette app whose lifespan creates (or takes injected) the
+shared objects and holds them in lifespan state as one :class:`router.gateway.Gateway`:
+
+    workers   one pooled httpx.AsyncClient behind backends.client.WorkerClient
+    state     the FleetState that gateway.state names (memory, redis)
+    prober    active health checks (unless ``probe=False``)
+    policy    resolved by name once, here
+    metrics   a per-app Prometheus registry
+    log       the JSON-lines request log
+
+Injected objects (``http_client``, ``state``) belong to the caller, who starts and closes them;
+what the lifespan creates, it closes. ClientErrors and Starlette's 404/405 leave as OpenAI's error
+envelope; anything unexpected as a 500 envelope.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from backends.client import WorkerClient, make_http_client
+from backends.prober import Prober
+from router import edge, fleet_api
+from router.auth import AgentResolver
+from router.config import Config
+from router.errors import ClientError
+from router.gateway import STATE_KEY, Gateway
+from router.metrics import Metrics
+from router.middleware import RequestContextMiddleware
+from router.policies import get_policy
+from router.requestlog import RequestLog
+from router.state import create_state
+from router.state.base import FleetState
+from router.types import Policy
+
+
+def create_app(
+    config: Config,
+    *,
+    http_client: httpx.AsyncClient | None = None,
+    state: FleetState | None = None,
+    policy: Policy | None = None,
+    probe: bool = True,
+) -> Starlette:
+    chosen = policy or get_policy(config.gateway.policy, config.gateway.policy_options)
+    policy_name = config.gateway.policy if policy is None else _name_of(policy, config.gateway.policy)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[Mapping[str, Any]]:
+        async with contextlib.AsyncExitStack() as stack:
+            client = http_client
+            if client is None:
+                client = make_http_client(config.gateway.timeouts)
+                stack.push_async_callback(client.aclose)
+            fleet = state
+            if fleet is None:
+                fleet = create_state(config)
+                await fleet.start()
+                stack.push_async_callback(fleet.close)
+            if probe:
+                prober = Prober(config.backends, fleet, client, config.gateway.health)
+                await prober.start()
+                stack.push_async_callback(prober.close)
+            request_log = RequestLog(config.gateway.request_log)
+            await request_log.start()
+            stack.push_async_callback(request_log.close)
+            gateway = Gateway(
+                config=config,
+                workers=WorkerClient(client, config.gateway.timeouts),
+                state=fleet,
+                policy=chosen,
+                policy_name=policy_name,
+                metrics=Metrics(),
+                log=request_log,
+                agents=AgentResolver(config),
+            )
+            yield {STATE_KEY: gateway}
+
+    routes = [
+        Route("/v1/chat/completions", edge.completion, methods=["POST"]),
+        Route("/v1/completions", edge.completion, methods=["POST"]),
+        Route("/v1/models", edge.list_models, methods=["GET"]),
+        Route("/health", fleet_api.health, methods=["GET"]),
+        Route("/ready", fleet_api.ready, methods=["GET"]),
+        Route("/metrics", fleet_api.metrics, methods=["GET"]),
+        Route("/fleet", fleet_api.fleet, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(RequestContextMiddleware)],
+        exception_handlers={
+            ClientError: _client_error,
+            HTTPException: _http_error,
+            ClientDisconnect: _client_gone,
+            Exception: _server_error,
+        },
+        lifespan=lifespan,
+    )
+
+
+def _name_of(policy: Policy, default: str) -> str:
+    name = getattr(policy, "name", None) or getattr(policy, "__name__", None)
+    return name if isinstance(name, str) and name != "<lambda>" else default
+
+
+async def _client_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ClientError)
+    return JSONResponse(exc.envelope(), exc.status_code, headers=exc.headers())
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    # The caller hung up while sending its body: nobody reads this; the request log says 499.
+    return Response(status_code=499)
+
+
+_ROUTE_ERRORS = {404: "unknown_url", 405: "method_not_allowed"}
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                      "code": _ROUTE_ERRORS.get(exc.status_code)}}  # fmt: skip
+    return JSONResponse(body, exc.status_code, headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    # Starlette re-raises after this response, so the server logs the traceback.
+    body = {"error": {"message": "internal error in the gateway", "type": "internal_error", "param": None,
+                      "code": "internal_error"}}  # fmt: skip
+    return JSONResponse(body, 500)

@@ -1,0 +1,51 @@
+"""Which agent a caller is.
+
+Where any agent declares ``api_keys``, the caller must send ``Authorization: Bearer KEY`` and the
+key picks the agent (compared in constant time). Where none does, the ``X-Agent`` header names
+the agent, else ``gateway.default_agent``; an ``Authorization`` header is then ignored (the
+OpenAI SDK always sends one).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+
+from router.config import AgentConfig, Config
+from router.errors import Unauthorized
+
+
+class AgentResolver:
+    def __init__(self, config: Config) -> None:
+        self._keys = tuple((k.encode(), a) for a in config.agents for k in a.api_keys)
+        self._by_name = {a.name: a for a in config.agents}
+        self._default = config.agent(config.gateway.default_agent) if config.gateway.default_agent else None
+
+    def resolve(self, headers: Mapping[str, str]) -> AgentConfig:
+        """The caller's agent. Raises Unauthorized (401) for no or an unknown key or agent."""
+        if self._keys:
+            return self._by_key(headers.get("authorization", ""))
+        name = headers.get("x-agent", "").strip()
+        if name:
+            agent = self._by_name.get(name)
+            if agent is None:
+                raise Unauthorized(f"unknown agent {name!r} in X-Agent", code="unknown_agent")
+            return agent
+        if self._default is not None:
+            return self._default
+        raise Unauthorized("no agent: send an X-Agent header (no default_agent is configured)",
+                           code="missing_agent")  # fmt: skip
+
+    def _by_key(self, authorization: str) -> AgentConfig:
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized("missing API key: send Authorization: Bearer KEY")
+        presented = token.encode()
+        found: AgentConfig | None = None
+        for key, agent in self._keys:  # every key is compared, so the time does not tell which matched
+            if hmac.compare_digest(presented, key) and found is None:
+                found = agent
+        if found is None:
+            raise Unauthorized("incorrect API key provided")
+        return found

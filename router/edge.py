@@ -1,0 +1,80 @@
+"""The OpenAI-compatible endpoints: who is calling, is the request sound, where may it go.
+
+Checks run in the order a caller can act on: the agent (401), the body's size (413), its JSON and
+fields (400), the model (404 unknown, 403 not allowed). The body's bytes are then handed to the
+proxy unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from router.config import AUTO_MODEL
+from router.errors import BadRequest, BodyTooLarge
+from router.features import build_features, parse_body, resolve_models
+from router.gateway import gateway_of
+from router.middleware import COMPLETION_PATHS, RECORD_KEY, REQUEST_ID_KEY
+from router.proxy import ProxyCall, ProxyResponse
+from router.requestlog import RequestRecord
+from router.types import Endpoint
+
+_CREATED = int(time.time())
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or BodyTooLarge as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"the request body is {declared} bytes; the limit is {limit}")
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+async def completion(request: Request) -> ProxyResponse:
+    """POST /v1/chat/completions and /v1/completions."""
+    gw = gateway_of(request)
+    endpoint: Endpoint = "chat" if COMPLETION_PATHS[request.url.path] == "chat" else "completions"
+    record: RequestRecord = getattr(request.state, RECORD_KEY)
+    agent = gw.agents.resolve(request.headers)
+    record.agent = agent.name
+    body = await read_body(request, gw.config.gateway.max_body_bytes)
+    payload = _json(body)
+    parsed = parse_body(endpoint, payload)
+    record.requested_model, record.stream = parsed.model, parsed.stream
+    models = resolve_models(gw.config, agent, parsed.model)
+    features = build_features(endpoint, agent, models, parsed, request.headers, gw.next_seq())
+    record.prompt_tokens = record.prompt_tokens_est = features.prompt_tokens
+    record.max_tokens, record.message_count, record.priority = (
+        features.max_tokens, features.message_count, features.priority,
+    )  # fmt: skip
+    record.slo_ttft_ms, record.slo_tpot_ms, record.slo_e2e_ms = (
+        features.ttft_slo_ms, features.tpot_slo_ms, features.e2e_slo_ms,
+    )  # fmt: skip
+    call = ProxyCall(request.url.path, body, payload, features, getattr(request.state, REQUEST_ID_KEY), record)
+    return ProxyResponse(gw, call)
+
+
+async def list_models(request: Request) -> JSONResponse:
+    """GET /v1/models: the models the caller's agent may use, and ``auto``."""
+    agent = gateway_of(request).agents.resolve(request.headers)
+    ids = [*agent.models, AUTO_MODEL]
+    data = [{"id": m, "object": "model", "created": _CREATED, "owned_by": "chimera"} for m in ids]
+    return JSONResponse({"object": "list", "data": data})

@@ -1,0 +1,168 @@
+"""What the router reads from a request body: validation, model resolution and cheap features.
+
+The body itself is forwarded unchanged; this module only looks at it. It never reads the
+simulator-only ``sim`` field, and it never tokenizes: the prompt-token estimate is
+``max(words, chars / 4)`` over the prompt text, which is what a router can afford per request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from router.config import AUTO_MODEL, AgentConfig, Config
+from router.errors import BadRequest, ModelNotAllowed, ModelNotFound
+from router.types import Endpoint, RequestFeatures
+
+DEFAULT_OUTPUT_TOKENS = 512  # reserved for a request that names no max_tokens
+MESSAGE_OVERHEAD_TOKENS = 4  # chat template tokens around each message
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedBody:
+    """The fields of an OpenAI request body the router uses."""
+
+    model: str
+    stream: bool
+    max_tokens: int | None
+    prompt_tokens: int
+    message_count: int
+
+
+def parse_body(endpoint: Endpoint, body: Any) -> ParsedBody:
+    """Validate the fields the router relies on (a worker validates the rest). Raises BadRequest."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if model is None:
+        raise BadRequest("you must provide a model parameter", param="model", code="missing_required_parameter")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("model must be a non-empty string", param="model", code="invalid_type")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("stream must be a boolean", param="stream", code="invalid_type")
+    max_tokens = _max_tokens(body)
+    if endpoint == "chat":
+        prompt_tokens, count = _messages_tokens(body.get("messages"))
+    else:
+        prompt_tokens, count = _prompt_tokens(body.get("prompt"))
+    return ParsedBody(model, bool(stream), max_tokens, prompt_tokens, count)
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    # As vLLM reads it: max_completion_tokens wins over the older max_tokens.
+    value: int | None = None
+    for key in ("max_tokens", "max_completion_tokens"):
+        v = body.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise BadRequest(f"{key} must be a positive integer", param=key, code="invalid_type")
+        value = v
+    return value
+
+
+def estimate_tokens(text: str) -> int:
+    """Cheap prompt-length estimate: about 4 characters per token, at least one per word."""
+    return max(len(text.split()), math.ceil(len(text) / 4))
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, {"type": "image_url", ...}]
+        return " ".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _messages_tokens(messages: Any) -> tuple[int, int]:
+    if messages is None:
+        raise BadRequest("you must provide a messages parameter", param="messages", code="missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty array", param="messages", code="invalid_type")
+    tokens = 0
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a role", param=f"messages[{i}]",
+                             code="invalid_type")  # fmt: skip
+        tokens += estimate_tokens(_content_text(m.get("content"))) + MESSAGE_OVERHEAD_TOKENS
+    return tokens, len(messages)
+
+
+def _prompt_tokens(prompt: Any) -> tuple[int, int]:
+    if prompt is None:
+        raise BadRequest("you must provide a prompt parameter", param="prompt", code="missing_required_parameter")
+    if isinstance(prompt, str):
+        return estimate_tokens(prompt), 1
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return sum(estimate_tokens(p) for p in prompt), len(prompt)
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return len(prompt), 1
+        if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
+            return sum(len(p) for p in prompt), len(prompt)
+    raise BadRequest("prompt must be a string, an array of strings or an array of token ids", param="prompt",
+                     code="invalid_type")  # fmt: skip
+
+
+def resolve_models(config: Config, agent: AgentConfig, requested: str) -> tuple[str, ...]:
+    """The models a request may be served by: ``auto`` (or the agent's own name) means any the
+    agent is allowed; a served model the agent may not use is 403; anything else 404."""
+    if requested in (AUTO_MODEL, agent.name):
+        return agent.models
+    if requested in agent.models:
+        return (requested,)
+    if requested in config.served_models:
+        raise ModelNotAllowed(f"agent {agent.name!r} may not use model {requested!r}", param="model")
+    raise ModelNotFound(f"the model {requested!r} does not exist", param="model")
+
+
+def _header_float(headers: Mapping[str, str], name: str) -> float | None:
+    try:
+        v = float(headers.get(name, ""))
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def _header_int(headers: Mapping[str, str], name: str) -> int | None:
+    try:
+        return max(0, int(headers.get(name, "").strip()))
+    except ValueError:
+        return None
+
+
+def build_features(
+    endpoint: Endpoint,
+    agent: AgentConfig,
+    models: tuple[str, ...],
+    parsed: ParsedBody,
+    headers: Mapping[str, str],
+    seq: int,
+) -> RequestFeatures:
+    """Per-request features; SLA headers (``x-slo-ttft-ms``, ``x-slo-tpot-ms``, ``x-priority``)
+    override the agent's defaults where they parse, and are ignored where they do not."""
+    priority = _header_int(headers, "x-priority")
+    return RequestFeatures(
+        agent=agent.name,
+        endpoint=endpoint,
+        models=models,
+        prompt_tokens=parsed.prompt_tokens,
+        max_tokens=parsed.max_tokens,
+        stream=parsed.stream,
+        message_count=parsed.message_count,
+        seq=seq,
+        priority=agent.priority if priority is None else priority,
+        ttft_slo_ms=_header_float(headers, "x-slo-ttft-ms") or agent.sla.ttft_ms,
+        tpot_slo_ms=_header_float(headers, "x-slo-tpot-ms") or agent.sla.tpot_ms,
+        e2e_slo_ms=agent.sla.e2e_ms,
+        min_quality=agent.min_quality,
+        workflow_id=headers.get("x-workflow-id") or None,
+    )
+
+
+def reserved_tokens(features: RequestFeatures) -> int:
+    """KV tokens a dispatched request claims: its prompt plus its output cap (or a default)."""
+    return features.prompt_tokens + (features.max_tokens or DEFAULT_OUTPUT_TOKENS)

@@ -1,0 +1,66 @@
+"""The gateway's own endpoints: /health, /ready, /metrics and /fleet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from router.errors import NoHealthyWorker
+from router.gateway import gateway_of
+from router.types import BackendView
+
+
+async def health(request: Request) -> JSONResponse:
+    """The gateway process is up (says nothing about workers)."""
+    return JSONResponse({"status": "ok"})
+
+
+async def ready(request: Request) -> JSONResponse:
+    """200 once at least one worker is healthy and has answered (a probe or a request)."""
+    snapshot = gateway_of(request).state.snapshot()
+    up = [b.name for b in snapshot.backends if b.healthy and b.last_success_age_s is not None]
+    if not up:
+        raise NoHealthyWorker("no worker is healthy yet")
+    return JSONResponse({"status": "ready", "healthy_backends": up})
+
+
+async def metrics(request: Request) -> Response:
+    gw = gateway_of(request)
+    gw.metrics.refresh(gw.state.snapshot())
+    body, content_type = gw.metrics.render()
+    return Response(body, media_type=content_type)
+
+
+async def fleet(request: Request) -> JSONResponse:
+    gw = gateway_of(request)
+    state = gw.state
+    return JSONResponse(
+        {
+            "state": "degraded" if state.degraded else state.kind,
+            "policy": gw.policy_name,
+            "backends": [_backend_json(b) for b in state.snapshot().backends],
+        }
+    )
+
+
+def _backend_json(b: BackendView) -> dict[str, Any]:
+    return {
+        "name": b.name,
+        "model": b.model,
+        "healthy": b.healthy,
+        "inflight_requests": b.inflight_requests,
+        "inflight_tokens": b.inflight_tokens,
+        "kv_budget_tokens": b.kv_budget_tokens,
+        "kv_usage": b.kv_usage,
+        "running": b.running,
+        "waiting": b.waiting,
+        "consecutive_failures": b.consecutive_failures,
+        "metrics_age_s": b.metrics_age_s,
+        "last_success_age_s": b.last_success_age_s,
+        "ttft_ewma_ms": None if b.ttft_ewma_s is None else b.ttft_ewma_s * 1000.0,
+        "tpot_ewma_ms": None if b.tpot_ewma_s is None else b.tpot_ewma_s * 1000.0,
+        "predicted_ttft_ms": None,  # filled in once a predictor is wired into /fleet
+        "tags": sorted(b.tags),
+    }

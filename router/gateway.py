@@ -1,0 +1,56 @@
+"""The objects one gateway app shares between requests, held in its lifespan state.
+
+Handlers reach them with :func:`gateway_of`; nothing here is global, so two apps in one process
+(tests, replicas) never share a counter, a registry or a client.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from starlette.requests import HTTPConnection
+
+from backends.client import WorkerClient
+from router.auth import AgentResolver
+from router.config import Config
+from router.metrics import Metrics
+from router.requestlog import RequestLog, RequestRecord
+from router.state.base import FleetState
+from router.types import Policy
+
+STATE_KEY = "gateway"
+
+
+@dataclass(eq=False)
+class Gateway:
+    config: Config
+    workers: WorkerClient
+    state: FleetState
+    policy: Policy
+    policy_name: str
+    metrics: Metrics
+    log: RequestLog
+    agents: AgentResolver
+    _seq: itertools.count[int] = field(default_factory=itertools.count)
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def finish(self, record: RequestRecord) -> None:
+        """Account for a finished request exactly once: metrics and the request log."""
+        if record.e2e_s is None:
+            record.e2e_s = time.perf_counter() - record.started
+        self.metrics.observe(record)
+        self.log.write(record)
+
+
+def gateway_of(conn: HTTPConnection) -> Gateway:
+    return cast(Gateway, conn.state.gateway)
+
+
+def gateway_in(scope_state: dict[str, Any]) -> Gateway | None:
+    gw = scope_state.get(STATE_KEY)
+    return gw if isinstance(gw, Gateway) else None

@@ -1,0 +1,83 @@
+"""Gateway metrics in a per-app Prometheus registry (no process globals).
+
+Counters and histograms are updated once per finished request from its :class:`RequestRecord`;
+the fleet gauges are refreshed from the state's snapshot when ``/metrics`` is scraped.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from router.requestlog import RequestRecord
+from router.types import FleetSnapshot
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
+NONE = "none"  # label value where a request never got that far (no agent, no worker)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("chimera_requests_total", "Finished requests by agent, worker and status.",
+                                ["agent", "backend", "status"], registry=r)  # fmt: skip
+        self.ttft = Histogram("chimera_ttft_seconds", "Time to the first streamed chunk, seen by the gateway.",
+                              ["agent", "backend"], buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.e2e = Histogram("chimera_e2e_seconds", "Request time from arrival to the last byte.",
+                             ["agent", "backend"], buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.sla_violations = Counter("chimera_sla_violations_total", "Requests that missed an SLA objective.",
+                                      ["agent", "kind"], registry=r)  # fmt: skip
+        self.backend_healthy = Gauge("chimera_backend_healthy", "1 if the worker takes requests.",
+                                     ["backend"], registry=r)  # fmt: skip
+        self.backend_inflight = Gauge("chimera_backend_inflight", "Requests in flight on the worker.",
+                                      ["backend"], registry=r)  # fmt: skip
+        self.prediction_error = Histogram("chimera_prediction_error_ratio", "|predicted - actual| / actual.",
+                                          ["target"], buckets=RATIO_BUCKETS, registry=r)  # fmt: skip
+        self.worker_failures = Counter("chimera_worker_failures_total", "Failed attempts on a worker, by kind.",
+                                       ["backend", "kind"], registry=r)  # fmt: skip
+
+    def worker_failed(self, backend: str, kind: str) -> None:
+        self.worker_failures.labels(backend, kind).inc()
+
+    def observe(self, rec: RequestRecord) -> None:
+        agent, backend = rec.agent or NONE, rec.backend or NONE
+        self.requests.labels(agent, backend, _status_label(rec)).inc()
+        if rec.outcome != "ok":
+            return
+        if rec.ttft_s is not None:
+            self.ttft.labels(agent, backend).observe(rec.ttft_s)
+        if rec.e2e_s is not None:
+            self.e2e.labels(agent, backend).observe(rec.e2e_s)
+        tpot = rec.tpot_s
+        for kind, actual_s, slo_ms in (
+            ("ttft", rec.ttft_s, rec.slo_ttft_ms),
+            ("tpot", tpot, rec.slo_tpot_ms),
+            ("e2e", rec.e2e_s, rec.slo_e2e_ms),
+        ):
+            if actual_s is not None and slo_ms is not None and actual_s * 1000.0 > slo_ms:
+                self.sla_violations.labels(agent, kind).inc()
+        actual_ms = {"ttft_ms": rec.ttft_s, "tpot_ms": tpot, "e2e_ms": rec.e2e_s}
+        for key, predicted in (rec.predicted or {}).items():
+            actual = actual_ms.get(key)
+            if actual:
+                self.prediction_error.labels(key.removesuffix("_ms")).observe(
+                    abs(predicted - actual * 1000.0) / (actual * 1000.0)
+                )
+
+    def refresh(self, snapshot: FleetSnapshot) -> None:
+        for b in snapshot.backends:
+            self.backend_healthy.labels(b.name).set(1.0 if b.healthy else 0.0)
+            self.backend_inflight.labels(b.name).set(b.inflight_requests)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _status_label(rec: RequestRecord) -> str:
+    # A stream that broke mid-way was sent as 200; it is counted as the failure it was.
+    if rec.outcome == "worker_error" and rec.status == 200:
+        return "502" if rec.error != "WorkerTimeout" else "504"
+    if rec.outcome == "disconnected":
+        return "499"
+    return str(rec.status or 500)

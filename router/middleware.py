@@ -1,0 +1,67 @@
+"""Request context as a plain ASGI middleware (so streamed bodies pass through untouched).
+
+Gives every HTTP request an id (the caller's ``X-Request-Id`` where it is sane, else a fresh one)
+echoed in the response; on the completion routes it also opens the request's
+:class:`RequestRecord` and, when the request is over however it ended, hands it to
+:meth:`Gateway.finish` — so metrics and the request log see every request exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from router.gateway import gateway_in
+from router.requestlog import RequestRecord
+
+COMPLETION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+RECORD_KEY = "record"
+REQUEST_ID_KEY = "request_id"
+_SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def _incoming_id(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            rid = value.decode("latin-1")
+            return rid if _SANE_ID.match(rid) else None
+    return None
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = _incoming_id(scope) or uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state[REQUEST_ID_KEY] = rid
+        endpoint = COMPLETION_PATHS.get(scope["path"]) if scope["method"] == "POST" else None
+        record = RequestRecord(request_id=rid, endpoint=endpoint) if endpoint else None
+        if record is not None:
+            state[RECORD_KEY] = record
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid.encode())]
+                if record is not None and record.status is None:
+                    record.status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            gw = gateway_in(state)
+            if record is not None and gw is not None:
+                if record.status is None:
+                    record.status = 500
+                if record.outcome is None:
+                    record.outcome = (
+                        "ok" if record.status < 400 else "disconnected" if record.status == 499 else "client_error"
+                    )
+                gw.finish(record)

@@ -1,0 +1,277 @@
+"""Dispatch a validated completion request to a worker: routing, retries, streaming, disconnects.
+
+:class:`ProxyResponse` is the ASGI response the completion endpoints return. When called it
+
+1. takes a fleet snapshot, keeps the eligible workers and asks the policy for a ranking
+   (none eligible: 503);
+2. tries the ranked workers in turn, at most ``gateway.max_attempts`` of them: each attempt
+   reserves load on the worker, sends the original body bytes, and waits for the first body byte.
+   A connect error, a first-byte timeout, a 5xx or a broken answer moves on to the next worker:
+   nothing has reached the client yet, so a retry is safe. A 4xx is the caller's and is passed
+   through as it is. When every attempt failed the client gets 502 (or 504 for a timeout);
+3. streams an SSE answer event by event as it arrives; a stream that breaks mid-way (the worker
+   died, or went silent past ``between_chunks_s``) ends with an SSE error event in OpenAI's
+   envelope, then the response closes;
+4. watches the client the whole time: if it disconnects, the work is cancelled, which closes the
+   upstream connection, so the worker aborts the request too.
+
+Every reservation is released in a ``finally`` (disconnects included) and every worker outcome is
+reported to the fleet state for passive health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.responses import JSONResponse
+from starlette.types import Message, Receive, Scope, Send
+
+from backends.client import WorkerResponse
+from router.errors import (
+    ClientError,
+    NoHealthyWorker,
+    UpstreamFailed,
+    UpstreamTimedOut,
+    WorkerError,
+    WorkerProtocolError,
+    WorkerStatusError,
+    WorkerTimeout,
+)
+from router.features import reserved_tokens
+from router.gateway import Gateway
+from router.requestlog import RequestRecord
+from router.sse import SSECutter
+from router.types import BackendView, Decision, FleetSnapshot, RequestFeatures
+
+PASSED_HEADERS = ("content-type", "cache-control")  # worker response headers the client sees
+
+
+@dataclass(slots=True)
+class ProxyCall:
+    """A request the edge has validated: where it goes, what it is, what to send."""
+
+    path: str
+    body: bytes  # the caller's bytes, sent as they are to a worker serving the model they name
+    payload: dict[str, Any]  # the same, parsed
+    features: RequestFeatures
+    request_id: str
+    record: RequestRecord
+    _bodies: dict[str, bytes] = field(default_factory=dict)
+
+    def body_for(self, model: str) -> bytes:
+        """The body for a worker serving ``model``: the original bytes where the caller named that
+        model; with ``model`` put in where it named ``auto`` or its agent (every other field kept)."""
+        if self.payload.get("model") == model:
+            return self.body
+        if model not in self._bodies:
+            self._bodies[model] = json.dumps({**self.payload, "model": model}, separators=(",", ":")).encode()
+        return self._bodies[model]
+
+
+def choose(gw: Gateway, features: RequestFeatures) -> tuple[Decision, FleetSnapshot]:
+    """The policy's ranking among eligible workers. Raises NoHealthyWorker."""
+    snapshot = gw.state.snapshot()
+    eligible = snapshot.eligible(features)
+    if not eligible.backends:
+        # The prompt estimate is rough: where it exceeds every healthy worker's context, let a
+        # worker judge the real length (it answers 400 if the prompt is indeed too long).
+        healthy = tuple(b for b in snapshot.backends if b.healthy and b.model in features.models)
+        if not healthy:
+            raise NoHealthyWorker(f"no healthy worker serves {', '.join(features.models)}")
+        eligible = FleetSnapshot(healthy, snapshot.taken_at)
+    decision = gw.policy(features, eligible)
+    return decision, eligible
+
+
+class ProxyResponse:
+    """The ASGI response of a completion request (see the module's docstring)."""
+
+    def __init__(self, gw: Gateway, call: ProxyCall) -> None:
+        self.gw = gw
+        self.call = call
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if await run_until_disconnect(lambda tracked: self._serve(scope, receive, tracked), receive, send):
+            rec = self.call.record
+            rec.outcome = "disconnected"
+            rec.status = rec.status or 499
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gw, call, rec = self.gw, self.call, self.call.record
+        decision, eligible = choose(gw, call.features)
+        rec.policy, rec.reason = gw.policy_name, decision.reason
+        rec.predicted = dict(decision.predicted) or None
+        ranked = [n for n in dict.fromkeys(decision.ranked) if eligible.by_name(n) is not None]
+        if not ranked:
+            raise NoHealthyWorker("the routing policy chose no worker")
+        last: WorkerError | None = None
+        for name in ranked[: gw.config.gateway.max_attempts]:
+            rec.attempts += 1
+            try:
+                if await self._attempt(name, eligible.by_name(name), send):
+                    return
+            except WorkerError as exc:
+                last = exc
+                gw.metrics.worker_failed(name, type(exc).__name__)
+                await gw.state.record_result(name, False)
+        assert last is not None
+        rec.outcome, rec.error = "worker_error", type(last).__name__
+        err = _client_error(last)
+        await JSONResponse(err.envelope(), err.status_code, headers=self._headers(last.backend))(scope, receive, send)
+
+    async def _attempt(self, name: str, view: BackendView | None, send: Send) -> bool:
+        """One worker. True when the answer was delivered; WorkerError when a retry is safe."""
+        gw, call, rec = self.gw, self.call, self.call.record
+        backend = gw.config.backend(name)
+        assert backend is not None and view is not None
+        headers = {"content-type": "application/json", "accept-encoding": "identity",
+                   "x-request-id": call.request_id}  # fmt: skip
+        reservation = await gw.state.reserve(name, reserved_tokens(call.features))
+        try:
+            opened = await gw.workers.open(backend, call.path, call.body_for(backend.model), headers)
+            try:
+                rec.backend, rec.model = name, backend.model
+                rec.fleet = _fleet_features(view)
+                if opened.status_code >= 400 or not call.features.stream:
+                    await self._send_whole(opened, send)
+                else:
+                    await self._send_stream(opened, send)
+            finally:
+                await opened.aclose()
+        finally:
+            await asyncio.shield(gw.state.release(reservation))
+        return True
+
+    def _headers(self, backend: str, opened: WorkerResponse | None = None) -> dict[str, str]:
+        h = {k: v for k in PASSED_HEADERS if opened is not None and (v := opened.headers.get(k))}
+        h["x-chimera-backend"] = backend
+        h["x-chimera-policy"] = self.gw.policy_name
+        h["x-chimera-attempts"] = str(self.call.record.attempts)
+        return h
+
+    async def _send_whole(self, opened: WorkerResponse, send: Send) -> None:
+        """A non-streamed answer, or a 4xx: read it all (a failure is still retryable), then send."""
+        gw, rec = self.gw, self.call.record
+        body = await opened.read_rest()
+        if opened.status_code < 400:
+            usage = _usage_of(body, opened.backend)
+            rec.prompt_tokens = _int(usage.get("prompt_tokens")) or rec.prompt_tokens
+            rec.completion_tokens = _int(usage.get("completion_tokens"))
+            rec.completion_tokens_exact = rec.completion_tokens is not None
+            rec.outcome = "ok"
+        await gw.state.record_result(opened.backend, True)
+        headers = [(k.encode(), v.encode()) for k, v in self._headers(opened.backend, opened).items()]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": opened.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _send_stream(self, opened: WorkerResponse, send: Send) -> None:
+        gw, rec = self.gw, self.call.record
+        rec.ttft_s = time.perf_counter() - rec.started
+        cutter = SSECutter()
+        headers = [(k.encode(), v.encode()) for k, v in self._headers(opened.backend, opened).items()]
+        await send({"type": "http.response.start", "status": opened.status_code, "headers": headers})
+        try:
+            if first := cutter.feed(opened.first_chunk):
+                await send({"type": "http.response.body", "body": first, "more_body": True})
+            async for chunk in opened.chunks():
+                if out := cutter.feed(chunk):
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+        except WorkerError as exc:
+            # Too late to retry: the client has part of the answer. Close with an error event.
+            rec.outcome, rec.error = "worker_error", type(exc).__name__
+            gw.metrics.worker_failed(opened.backend, type(exc).__name__)
+            await gw.state.record_result(opened.backend, False)
+            event = b"data: " + json.dumps(_client_error(exc).envelope()).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+            return
+        await send({"type": "http.response.body", "body": cutter.rest(), "more_body": False})
+        rec.e2e_s = time.perf_counter() - rec.started
+        usage = cutter.usage or {}
+        rec.prompt_tokens = _int(usage.get("prompt_tokens")) or rec.prompt_tokens
+        rec.completion_tokens = _int(usage.get("completion_tokens"))
+        rec.completion_tokens_exact = rec.completion_tokens is not None
+        if rec.completion_tokens is None:
+            rec.completion_tokens = cutter.content_events(opening_event=self.call.features.endpoint == "chat")
+        rec.outcome = "ok"
+        await gw.state.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s)
+
+
+async def run_until_disconnect(work: Callable[[Send], Coroutine[Any, Any, None]], receive: Receive, send: Send) -> bool:
+    """Run ``work(send)`` while watching for the client's disconnect, and cancel it on one. True
+    when the client went away before the response was complete. Errors of ``work`` propagate."""
+    complete = False
+
+    async def tracked_send(message: Message) -> None:
+        nonlocal complete
+        await send(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            complete = True
+
+    task = asyncio.ensure_future(work(tracked_send))
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        if complete and not task.done():
+            # uvicorn reports a finished response as a disconnect: only the bookkeeping is left.
+            await task
+    finally:
+        for t in (task, watcher):
+            t.cancel()
+        await asyncio.wait((task, watcher))
+    if task.cancelled():
+        return True
+    task.result()
+    return False
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _client_error(exc: WorkerError) -> ClientError:
+    if isinstance(exc, WorkerTimeout):
+        return UpstreamTimedOut(str(exc))
+    if isinstance(exc, WorkerStatusError):
+        return UpstreamFailed(f"{exc}: {_worker_message(exc.body)}")
+    return UpstreamFailed(str(exc))
+
+
+def _worker_message(body: bytes) -> str:
+    try:
+        err = json.loads(body).get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+    except (ValueError, AttributeError):
+        msg = None
+    text = msg if isinstance(msg, str) else body.decode("utf-8", "replace")
+    return text[:300] or "(no body)"
+
+
+def _usage_of(body: bytes, backend: str) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise WorkerProtocolError(f"worker {backend} answered a body that is not JSON", backend=backend) from exc
+    usage = data.get("usage") if isinstance(data, dict) else None
+    return usage if isinstance(usage, dict) else {}
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _fleet_features(v: BackendView) -> dict[str, Any]:
+    return {
+        "inflight_requests": v.inflight_requests,
+        "inflight_tokens": v.inflight_tokens,
+        "running": v.running,
+        "waiting": v.waiting,
+        "kv_usage": v.kv_usage,
+        "metrics_age_s": v.metrics_age_s,
+    }

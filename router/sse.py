@@ -1,0 +1,68 @@
+"""A cheap look at a worker's SSE stream while it is forwarded.
+
+:class:`SSECutter` forwards whole events only (it holds back an incomplete tail until its end
+arrives), so a stream that breaks mid-way can be closed with a clean error event instead of
+leaving half an event for the client's parser. On the way it counts ``data:`` events and keeps
+the ``usage`` of the last event that reports one; it parses JSON only for events that mention
+``"usage"`` with a value, i.e. usually once per stream.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_BOUNDARIES = (b"\n\n", b"\r\n\r\n")
+_USAGE = b'"usage"'
+_NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
+
+
+class SSECutter:
+    def __init__(self) -> None:
+        self._pending = b""
+        self.events = 0  # data events, [DONE] included
+        self.done = False  # saw data: [DONE]
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes of ``chunk`` (with what was held back) that end at an event boundary."""
+        data = self._pending + chunk if self._pending else chunk
+        cut = max(data.rfind(b) + len(b) if data.rfind(b) >= 0 else 0 for b in _BOUNDARIES)
+        out, self._pending = data[:cut], data[cut:]
+        if out:
+            self._observe(out)
+        return out
+
+    def rest(self) -> bytes:
+        """What is still held back when the stream ends normally (an unterminated last event)."""
+        out, self._pending = self._pending, b""
+        if out:
+            self._observe(out)
+        return out
+
+    def content_events(self, *, opening_event: bool) -> int:
+        """Data events but [DONE] and (``opening_event``: a chat stream's role-only first event);
+        about one per generated token, for a worker that reported no usage."""
+        return max(0, self.events - int(self.done) - int(opening_event))
+
+    def _observe(self, part: bytes) -> None:
+        # `part` starts at an event boundary, so a line-start "data:" is either at 0 or after "\n"
+        # (a newline inside a JSON string is escaped, so it cannot fake one).
+        self.events += part.startswith(b"data:") + part.count(b"\ndata:")
+        if b"[DONE]" in part:
+            self.done = True
+        if _USAGE in part and len(_NULL_USAGE.findall(part)) < part.count(_USAGE):
+            self._parse_usage(part)
+
+    def _parse_usage(self, part: bytes) -> None:
+        for line in part.splitlines():
+            if not line.startswith(b"data:") or _USAGE not in line:
+                continue
+            try:
+                event = json.loads(line[5:])
+            except ValueError:
+                continue
+            usage = event.get("usage") if isinstance(event, dict) else None
+            if isinstance(usage, dict):
+                self.usage = usage

@@ -1,0 +1,145 @@
+"""The scheduler and its clock, stepped synchronously (no HTTP, no event loop)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from backends.sim.engine import Batch, Engine, Request, Status
+from backends.sim.textgen import Answer
+
+MakeEngine = Callable[..., Engine]
+
+
+def request(prompt: list[int] | int, out: int, tag: int = 0, arrival: float = 0.0) -> Request:
+    ids = prompt if isinstance(prompt, list) else [tag * 1_000_000 + i for i in range(prompt)]
+    return Request(f"r{tag}", ids, Answer(out, word_start=tag, marker=None), max_tokens=out, arrival=arrival)
+
+
+def run(engine: Engine, t: float = 0.0, max_steps: int = 100_000) -> list[Batch]:
+    batches = []
+    while not engine.idle and len(batches) < max_steps:
+        batch = engine.step(t)
+        batches.append(batch)
+        t += batch.duration
+    return batches
+
+
+def test_decode_runs_one_token_per_step_and_finishes(make_engine: MakeEngine) -> None:
+    engine = make_engine()
+    r = request(20, out=5)
+    engine.enqueue(r)
+    batches = run(engine)
+    assert [b.num_new for b in batches] == [[20], [1], [1], [1], [1]]
+    assert r.status is Status.FINISHED and len(r.output) == 5
+    assert engine.kv.usage == 0.0
+    assert engine.stats.generation_tokens == 5 and engine.stats.prompt_tokens == 20
+
+
+def test_step_time_is_the_profiles_linear_model(make_engine: MakeEngine) -> None:
+    engine = make_engine(speedup=2.0, step_time_s={"decode_context_tokens": 1e-6, "prefill_attn_mtok2": 0.5})
+    c = engine.profile.step_time
+    engine.enqueue(request(100, out=3))
+    first = engine.step(0.0)
+    attn = 100 * (0 + 100 / 2) / 1e6
+    assert abs(first.duration - (c.base + 100 * c.prefill_tokens + attn * c.prefill_attn_mtok2) / 2) < 1e-12
+    second = engine.step(first.duration)
+    expected = (c.base + c.decode_seqs + 101 * c.decode_context_tokens) / 2
+    assert abs(second.duration - expected) < 1e-12
+
+
+def test_long_prompts_are_chunked_under_the_token_budget(make_engine: MakeEngine) -> None:
+    engine = make_engine(max_num_batched_tokens=512)
+    engine.enqueue(request(1200, out=2, tag=1))
+    engine.enqueue(request(100, out=2, tag=2))
+    batches = run(engine)
+    assert batches[0].num_new == [512]
+    assert batches[1].num_new == [512]
+    assert batches[2].num_new == [176, 100]  # the tail chunk and the next request share a step
+    assert all(sum(b.num_new) <= 512 for b in batches)
+
+
+def test_max_num_seqs_caps_the_batch(make_engine: MakeEngine) -> None:
+    engine = make_engine(max_num_seqs=3)
+    for k in range(5):
+        engine.enqueue(request(10, out=4, tag=k))
+    engine.step(0.0)
+    assert len(engine.running) == 3 and len(engine.waiting) == 2
+
+
+def test_requests_queue_when_the_kv_budget_is_exhausted(make_engine: MakeEngine) -> None:
+    engine = make_engine(kv_budget_tokens=16 * 10)
+    for k in range(4):
+        engine.enqueue(request(60, out=8, tag=k))  # 4 blocks each with its first tokens
+    engine.step(0.0)
+    assert len(engine.running) == 2 and len(engine.waiting) == 2
+    run(engine)
+    assert engine.stats.finished == 4
+
+
+def test_preemption_evicts_the_newest_running_request(make_engine: MakeEngine) -> None:
+    engine = make_engine(kv_budget_tokens=16 * 8)
+    old, young = request(60, out=40, tag=1), request(60, out=40, tag=2)
+    engine.enqueue(old)
+    engine.enqueue(young)
+    t = 0.0
+    while engine.stats.preemptions == 0:
+        t += engine.step(t).duration
+    assert young.status is Status.WAITING and young.num_computed == 0 and young.block_ids == []
+    assert engine.waiting[0] is young
+    assert old.status is Status.RUNNING
+    run(engine, t)
+    assert old.status is young.status is Status.FINISHED
+    assert len(old.output) == len(young.output) == 40
+
+
+def test_ttft_grows_with_prompt_length(make_engine: MakeEngine) -> None:
+    ttfts = []
+    for n in (50, 2000, 6000):
+        engine = make_engine()
+        r = request(n, out=2)
+        engine.enqueue(r)
+        run(engine)
+        ttfts.append(r.first_token - r.arrival)
+    assert ttfts[0] < ttfts[1] < ttfts[2]
+
+
+def test_time_per_output_token_grows_with_batch_size(make_engine: MakeEngine) -> None:
+    tpots = []
+    for batch in (1, 16, 64):
+        engine = make_engine()
+        reqs = [request(10, out=50, tag=k) for k in range(batch)]
+        for r in reqs:
+            engine.enqueue(r)
+        run(engine)
+        tpots.append(max((r.finished_at - r.first_token) / 49 for r in reqs))
+    assert tpots[0] < tpots[1] < tpots[2]
+
+
+def test_prefix_cache_skips_the_cached_prompt(make_engine: MakeEngine) -> None:
+    engine = make_engine()
+    prompt = list(range(1000))
+    first = request(prompt, out=2, tag=1)
+    engine.enqueue(first)
+    run(engine)
+    second = request([*prompt, 7, 8], out=2, tag=2, arrival=10.0)
+    engine.enqueue(second)
+    batch = engine.step(10.0)
+    assert batch.num_new == [1002 - 992]  # 62 full blocks hit
+    assert engine.stats.prefix_hits == 992
+    assert engine.stats.prefix_queries == 1000 + 1002
+    run(engine, 10.0 + batch.duration)
+    assert second.first_token - second.arrival < (first.first_token - first.arrival) / 5
+
+
+def test_abort_frees_blocks_and_leaves_the_rest_running(make_engine: MakeEngine) -> None:
+    engine = make_engine()
+    a, b = request(100, out=50, tag=1), request(100, out=50, tag=2)
+    engine.enqueue(a)
+    engine.enqueue(b)
+    engine.step(0.0)
+    used = engine.kv.usage
+    engine.abort(a)
+    assert a.status is Status.ABORTED and engine.running == [b]
+    assert engine.kv.usage < used
+    run(engine, 1.0)
+    assert b.status is Status.FINISHED and engine.kv.usage == 0.0

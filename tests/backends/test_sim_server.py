@@ -1,0 +1,268 @@
+"""The simulated worker over the wire: a real uvicorn on loopback, the official openai SDK as client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import ServerThread
+
+SimServer = Callable[..., ServerThread]
+Profile = Callable[..., str]
+
+
+@contextmanager
+def sdk(srv: ServerThread) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=30) as client:
+        yield client
+
+
+def metrics(srv: ServerThread) -> dict[str, float]:
+    """Samples by name (labels dropped; histogram buckets skipped)."""
+    text = httpx.get(f"{srv.url}/metrics").text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.endswith("_bucket"):
+                out[s.name] = s.value
+    return out
+
+
+def words(n: int, tag: str = "w") -> str:
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+def stream_timing(client: openai.OpenAI, prompt: str, out: int, **extra: Any) -> tuple[float, float, int]:
+    """(TTFT, e2e, token chunks) of one streamed completion as the client sees them."""
+    t0 = time.perf_counter()
+    ttft, chunks = -1.0, 0
+    stream = client.completions.create(
+        model="sim-test",
+        prompt=prompt,
+        max_tokens=out,
+        stream=True,
+        extra_body={"sim": {"output_tokens": out}, **extra},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            chunks += 1
+            if ttft < 0:
+                ttft = time.perf_counter() - t0
+    return ttft, time.perf_counter() - t0, chunks
+
+
+# -- API surface ----------------------------------------------------------------------------------
+def test_models_health_and_metric_names(sim_server: SimServer, sim_profile: Profile) -> None:
+    srv = sim_server(profile=sim_profile(), model="served-name")
+    with sdk(srv) as client:
+        assert [m.id for m in client.models.list().data] == ["served-name"]
+    health = httpx.get(f"{srv.url}/health")
+    assert health.status_code == 200 and health.content == b""
+    text = httpx.get(f"{srv.url}/metrics").text
+    for name in (
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket", "vllm:request_queue_time_seconds_bucket",
+        "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "sim:engine_lag_seconds",
+    ):  # fmt: skip
+        assert f"\n{name}{{" in text, name
+    assert 'model_name="served-name"' in text
+    assert 'vllm:cache_config_info{block_size="16"' in text and "num_gpu_blocks=" in text
+
+
+def test_completion_usage_and_length_controls(sim_server: SimServer, sim_profile: Profile) -> None:
+    srv = sim_server(profile=sim_profile(), speedup=20.0)
+    with sdk(srv) as client:
+
+        def complete(**kw: Any) -> Any:
+            sim = kw.pop("sim")
+            return client.completions.create(model="sim-test", prompt="one two three", extra_body={"sim": sim}, **kw)
+
+        r = complete(sim={"output_tokens": 12}, max_tokens=100)
+        assert r.choices[0].finish_reason == "stop" and len(r.choices[0].text.split()) == 12
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (3, 12, 15)
+        assert r.id.startswith("cmpl-") and r.model == "sim-test" and r.created > 0
+
+        cut = complete(sim={"output_tokens": 50, "difficulty": 0.1}, max_tokens=10)
+        assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 10
+        assert not cut.choices[0].text.endswith(("[correct]", "[wrong]"))  # a cut answer has no verdict
+
+        ignore = client.completions.create(
+            model="sim-test", prompt="one two three", max_tokens=20,
+            extra_body={"sim": {"output_tokens": 5}, "ignore_eos": True},
+        )  # fmt: skip
+        assert ignore.usage.completion_tokens == 20 and ignore.choices[0].finish_reason == "length"
+        least = client.completions.create(
+            model="sim-test", prompt="one two three", max_tokens=20,
+            extra_body={"sim": {"output_tokens": 3}, "min_tokens": 8},
+        )  # fmt: skip
+        assert least.usage.completion_tokens == 8 and least.choices[0].finish_reason == "stop"
+
+        graded = complete(sim={"output_tokens": 6, "difficulty": 0.5}, max_tokens=50)
+        assert graded.choices[0].text.split()[-1] in ("[correct]", "[wrong]")
+        assert graded.usage.completion_tokens == 6
+        plain = client.completions.create(model="sim-test", prompt="no sim field at all", max_tokens=40)
+        assert plain.usage.completion_tokens == len(plain.choices[0].text.split()) <= 40
+        assert not plain.choices[0].text.endswith("]")
+
+
+def test_chat_stream_chunk_per_token_with_usage(sim_server: SimServer, sim_profile: Profile) -> None:
+    srv = sim_server(profile=sim_profile(), speedup=20.0)
+    with sdk(srv) as client:
+        stream = client.chat.completions.create(
+            model="sim-test", messages=[{"role": "user", "content": "hello there"}], stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"sim": {"output_tokens": 17, "difficulty": 0.3}, "unknown_field": {"x": 1}},
+        )  # fmt: skip
+        chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) == 17
+    assert content[-1].choices[0].finish_reason == "stop"
+    assert all(c.choices[0].finish_reason is None for c in content[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 17 and chunks[-1].usage.prompt_tokens == 3  # "user hello there"
+    text = "".join(c.choices[0].delta.content or "" for c in content)
+    assert len(text.split()) == 17 and text.split()[-1] in ("[correct]", "[wrong]")
+    assert len({c.id for c in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
+
+
+async def test_async_client_streams_concurrently(sim_server: SimServer, sim_profile: Profile) -> None:
+    srv = sim_server(profile=sim_profile(), speedup=20.0)
+    async with openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0) as client:
+
+        async def one(k: int) -> tuple[int, int]:
+            stream = await client.completions.create(
+                model="sim-test", prompt=f"async {k}", max_tokens=64, stream=True,
+                stream_options={"include_usage": True}, extra_body={"sim": {"output_tokens": 10 + k}},
+            )  # fmt: skip
+            n, usage = 0, -1
+            async for chunk in stream:
+                n += sum(1 for c in chunk.choices if c.text)
+                if chunk.usage:
+                    usage = chunk.usage.completion_tokens
+            return n, usage
+
+        results = await asyncio.gather(*(one(k) for k in range(20)))
+    assert results == [(10 + k, 10 + k) for k in range(20)]
+
+
+def test_outputs_are_reproducible_under_a_seed(sim_server: SimServer, sim_profile: Profile) -> None:
+    path = sim_profile()
+    servers = [sim_server(profile=path, speedup=20.0, seed=s) for s in (3, 3, 4)]
+
+    def answer(srv: ServerThread, prompt: str) -> tuple[str, int]:
+        with sdk(srv) as client:
+            r = client.chat.completions.create(
+                model="sim-test", messages=[{"role": "user", "content": prompt}], max_tokens=400,
+                extra_body={"sim": {"difficulty": 0.6}},
+            )  # fmt: skip
+        return r.choices[0].message.content or "", r.usage.completion_tokens if r.usage else -1
+
+    prompts = [f"question number {i}" for i in range(4)]
+    a = [answer(servers[0], p) for p in prompts]
+    b = [answer(servers[1], p) for p in reversed(prompts)][::-1]  # arrival order does not matter
+    c = [answer(servers[2], p) for p in prompts]
+    assert a == b
+    assert a != c
+    assert all(len(text.split()) == n for text, n in a)
+
+
+def test_error_envelopes(sim_server: SimServer, sim_profile: Profile) -> None:
+    srv = sim_server(profile=sim_profile(max_model_len=100))
+    with sdk(srv) as client:
+        with pytest.raises(openai.NotFoundError) as nf:
+            client.completions.create(model="nope", prompt="x")
+        assert nf.value.status_code == 404
+        with pytest.raises(openai.BadRequestError) as long_prompt:
+            client.completions.create(model="sim-test", prompt=words(90), max_tokens=20)
+        assert "maximum context length is 100" in str(long_prompt.value)
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="sim-test", prompt="x", n=2)
+    bad = httpx.post(f"{srv.url}/v1/chat/completions", content=b"{not json")
+    assert bad.status_code == 400
+    err = bad.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == 400
+    missing = httpx.post(f"{srv.url}/v1/chat/completions", json={"model": "sim-test"})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
+
+
+# -- physics --------------------------------------------------------------------------------------
+def test_ttft_grows_with_prompt_length(sim_server: SimServer, sim_profile: Profile) -> None:
+    srv = sim_server(profile=sim_profile(step_time_s={"prefill_tokens": 1e-4}), speedup=2.0)
+    with sdk(srv) as client:
+        short, _, _ = stream_timing(client, words(20, "s"), 2)
+        long, _, _ = stream_timing(client, words(4000, "l"), 2)  # ~0.2 s of prefill at speedup 2
+    assert long > short + 0.1
+
+
+def test_tpot_grows_with_batch_size(sim_server: SimServer, sim_profile: Profile) -> None:
+    srv = sim_server(profile=sim_profile(step_time_s={"decode_seqs": 1e-3}), speedup=2.0)
+    with sdk(srv) as client:
+
+        def tpot(k: int) -> float:
+            ttft, e2e, n = stream_timing(client, f"batch request {k}", 40)
+            return (e2e - ttft) / (n - 1)
+
+        alone = tpot(0)
+        with ThreadPoolExecutor(24) as pool:
+            crowded = list(pool.map(tpot, range(1, 25)))
+    # one decoding seq: ~2.5 ms a step; 24 of them: ~14 ms a step (speedup 2)
+    assert sorted(crowded)[len(crowded) // 2] > 2 * alone
+
+
+def test_prefix_cache_lowers_ttft_of_a_repeated_prompt(sim_server: SimServer, sim_profile: Profile) -> None:
+    srv = sim_server(profile=sim_profile(step_time_s={"prefill_tokens": 1e-4}), speedup=2.0)
+    prompt = words(3000, "ctx")
+    with sdk(srv) as client:
+        cold, _, _ = stream_timing(client, prompt, 2)
+        warm, _, _ = stream_timing(client, prompt + " and a follow up", 2)
+    m = metrics(srv)
+    assert warm < cold / 3
+    assert m["vllm:prefix_cache_hits_total"] >= 2992
+    assert m["vllm:prefix_cache_queries_total"] == 3000 + 3004
+
+
+def test_kv_exhaustion_queues_and_preempts(sim_server: SimServer, sim_profile: Profile) -> None:
+    # 40 blocks of KV: three 200-token prompts fill it, and their growth forces preemptions.
+    srv = sim_server(profile=sim_profile(kv_budget_tokens=16 * 40), speedup=5.0)
+    seen_waiting, seen_full = 0.0, 0.0
+    with sdk(srv) as client, ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(stream_timing, client, words(200, f"q{k}-"), 100) for k in range(12)]
+        while not all(f.done() for f in futures):
+            m = metrics(srv)
+            seen_waiting = max(seen_waiting, m["vllm:num_requests_waiting"])
+            seen_full = max(seen_full, m["vllm:kv_cache_usage_perc"])
+            time.sleep(0.02)
+        assert all(f.result()[2] == 100 for f in futures)
+    m = metrics(srv)
+    assert seen_waiting > 0 and seen_full > 0.8
+    assert m["vllm:num_preemptions_total"] > 0
+    assert m["vllm:generation_tokens_total"] == 12 * 100
+    assert m["vllm:kv_cache_usage_perc"] == 0.0 and m["vllm:num_requests_running"] == 0
+
+
+def test_client_disconnect_aborts_the_request(sim_server: SimServer, sim_profile: Profile) -> None:
+    srv = sim_server(profile=sim_profile(), speedup=1.0)
+    body = {"model": "sim-test", "prompt": words(500), "max_tokens": 4000, "stream": True,
+            "sim": {"output_tokens": 4000}}  # fmt: skip
+    with httpx.Client(timeout=10) as client, client.stream("POST", f"{srv.url}/v1/completions", json=body) as r:
+        chunks = r.iter_raw()
+        assert b'"text"' in next(chunks)  # the stream is open and generating
+        assert metrics(srv)["vllm:num_requests_running"] == 1
+    deadline = time.monotonic() + 5
+    while metrics(srv)["vllm:num_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    m = metrics(srv)
+    assert m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0.0
+    assert m["vllm:generation_tokens_total"] < 4000

@@ -1,0 +1,48 @@
+"""Tokenizer stand-in and the answer draws: deterministic, and harder means wrong more often."""
+
+from __future__ import annotations
+
+from backends.sim.profile import available_profiles, load_profile
+from backends.sim.textgen import CORRECT, WRONG, chat_text, draw_answer, p_correct, tokenize
+
+
+def test_one_token_per_word_stable_ids() -> None:
+    assert len(tokenize("  a b\tc\nd ")) == 4
+    assert tokenize("same words") == tokenize("same   words")
+    assert tokenize("x") == [2363233923]  # CRC-32, the same in every process
+
+
+def test_chat_text_joins_roles_and_contents() -> None:
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert chat_text(msgs) == "system be brief user hi"
+
+
+def test_draws_depend_on_seed_and_prompt_not_on_order() -> None:
+    a = draw_answer(0, "m", "prompt one", 0.6, None, 0.5)
+    assert a == draw_answer(0, "m", "prompt one", 0.6, None, 0.5)
+    others = {draw_answer(s, "m", "prompt one", 0.6, None, 0.5) for s in range(1, 20)}
+    assert len(others) > 1 and a.marker in (CORRECT, WRONG)
+    assert draw_answer(0, "m", "p", 0.6, 42, None) == draw_answer(0, "m", "p", 0.6, 42, None)
+    assert draw_answer(0, "m", "p", 0.6, 42, None).marker is None
+
+
+def test_default_length_distribution_is_plausible() -> None:
+    lengths = sorted(draw_answer(0, "m", f"q{i}", 0.5, None, None).natural_tokens for i in range(2000))
+    median = lengths[len(lengths) // 2]
+    assert 100 <= median <= 220 and lengths[0] >= 1
+
+
+def test_harder_tasks_fail_more_often_on_smaller_profiles() -> None:
+    profiles = sorted((load_profile(n) for n in available_profiles()), key=lambda p: p.quality)
+    weakest, strongest = profiles[0], profiles[-1]
+    assert weakest.quality < strongest.quality
+
+    def success(quality: float, model: str, difficulty: float) -> float:
+        draws = [draw_answer(7, model, f"task {i}", quality, 10, difficulty) for i in range(3000)]
+        return sum(d.marker == CORRECT for d in draws) / len(draws)
+
+    for d in (0.2, 0.5, 0.8):
+        weak, strong = success(weakest.quality, weakest.model, d), success(strongest.quality, strongest.model, d)
+        assert weak < strong
+        assert abs(weak - p_correct(weakest.quality, d)) < 0.04
+    assert success(weakest.quality, weakest.model, 0.9) < success(weakest.quality, weakest.model, 0.1)

@@ -1,0 +1,124 @@
+"""Shared fixtures: real uvicorn servers on loopback ports, simulated workers, gateways over them.
+
+``ServerThread`` runs any ASGI app under a real ``uvicorn.Server`` in a background thread (its own
+event loop), on a socket bound to a free loopback port, and stops it cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from router.config import Config
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerThread:
+    """One ASGI app served by uvicorn on 127.0.0.1 in a daemon thread."""
+
+    def __init__(self, app: Any, *, lifespan: str = "on", log_level: str = "error") -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            app, lifespan=lifespan, log_level=log_level, log_config=None, access_log=False, ws="none",
+            timeout_graceful_shutdown=3, timeout_keep_alive=30,
+        )  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def start(self, timeout: float = 10.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server on port {self.port} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=10)
+        self.sock.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def serve_asgi(app: Any, **kwargs: Any) -> Iterator[ServerThread]:
+    with ServerThread(app, **kwargs) as srv:
+        yield srv
+
+
+def make_config(
+    backends: list[dict[str, Any]],
+    agents: list[dict[str, Any]] | None = None,
+    **gateway: Any,
+) -> Config:
+    """A validated Config from plain dicts; backends need name, url and model at least."""
+    bs = [{"kv_budget_tokens": 100_000, "max_model_len": 8192, **b} for b in backends]
+    models = sorted({b["model"] for b in bs})
+    data = {
+        "gateway": {"policy": "round_robin", **gateway},
+        "backends": bs,
+        "agents": agents if agents is not None else [{"name": "chat", "models": models}],
+    }
+    if agents is None and "default_agent" not in data["gateway"]:
+        data["gateway"]["default_agent"] = "chat"
+    return Config.model_validate(data)
+
+
+@pytest.fixture
+def sim_server() -> Iterator[Callable[..., ServerThread]]:
+    """Start simulated workers: ``sim_server(model="m", speedup=50.0)`` → a running ServerThread."""
+    from backends.sim.server import SimSettings, create_app
+
+    started: list[ServerThread] = []
+
+    def start(model: str | None = None, profile: str = "h200-qwen2.5-0.5b", speedup: float = 50.0,
+              **settings: Any) -> ServerThread:  # fmt: skip
+        app = create_app(SimSettings(model=model, profile=profile, speedup=speedup, **settings))
+        srv = ServerThread(app).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+@pytest.fixture
+def gateway_server() -> Iterator[Callable[..., ServerThread]]:
+    """Start gateways: ``gateway_server(config, probe=False, ...)`` → a running ServerThread."""
+    from router.app import create_app
+
+    started: list[ServerThread] = []
+
+    def start(config: Config, **kwargs: Any) -> ServerThread:
+        kwargs.setdefault("probe", False)
+        srv = ServerThread(create_app(config, **kwargs)).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()

@@ -1,0 +1,112 @@
+"""The gateway's small parts on their own: agent resolution, SSE observation, metrics, request log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from router.auth import AgentResolver
+from router.errors import Unauthorized
+from router.metrics import Metrics
+from router.requestlog import RequestLog, RequestRecord
+from router.sse import SSECutter
+from router.types import BackendView, FleetSnapshot
+from tests.conftest import make_config
+
+BACKENDS = [{"name": "w", "url": "http://127.0.0.1:9001", "model": "m"}]
+
+
+def test_keys_pick_the_agent_and_x_agent_is_ignored() -> None:
+    cfg = make_config(BACKENDS, agents=[{"name": "a", "api_keys": ["ka"], "models": ["m"]},
+                                        {"name": "b", "api_keys": ["kb", "kb2"], "models": ["m"]}])  # fmt: skip
+    r = AgentResolver(cfg)
+    assert r.resolve({"authorization": "Bearer kb2", "x-agent": "a"}).name == "b"
+    assert r.resolve({"authorization": "bearer ka"}).name == "a"
+    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "Basic ka"}, {"x-agent": "a"}):
+        with pytest.raises(Unauthorized):
+            r.resolve(headers)
+
+
+def test_without_keys_x_agent_then_default_agent() -> None:
+    agents = [{"name": "a", "models": ["m"]}, {"name": "b", "models": ["m"]}]
+    r = AgentResolver(make_config(BACKENDS, agents=agents, default_agent="b"))
+    assert r.resolve({"x-agent": "a", "authorization": "Bearer anything"}).name == "a"
+    assert r.resolve({}).name == "b"
+    with pytest.raises(Unauthorized):
+        r.resolve({"x-agent": "zz"})
+    with pytest.raises(Unauthorized):  # no header, no default
+        AgentResolver(make_config(BACKENDS, agents=agents)).resolve({})
+
+
+def _event(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def test_sse_cutter_forwards_whole_events_and_finds_usage() -> None:
+    stream = (_event({"choices": [{"delta": {"role": "assistant"}}], "usage": None})
+              + _event({"choices": [{"delta": {"content": "metadata: x\\n\\ndata: y"}}]})
+              + _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+              + b"data: [DONE]\n\n")  # fmt: skip
+    c = SSECutter()
+    out = b""
+    for i in range(0, len(stream), 7):  # worst case: the worker's chunks split events anywhere
+        piece = c.feed(stream[i : i + 7])
+        assert piece == b"" or piece.endswith(b"\n\n")
+        out += piece
+    out += c.rest()
+    assert out == stream
+    assert c.events == 4 and c.done
+    assert c.usage == {"prompt_tokens": 3, "completion_tokens": 2}
+    assert c.content_events(opening_event=True) == 2
+
+
+def test_sse_cutter_holds_back_a_partial_event() -> None:
+    c = SSECutter()
+    assert c.feed(b'data: {"a": 1}\n\ndata: {"b"') == b'data: {"a": 1}\n\n'
+    assert c.rest() == b'data: {"b"'
+
+
+def test_metrics_names_labels_and_sla_violations() -> None:
+    m = Metrics()
+    rec = RequestRecord(request_id="r", endpoint="chat", agent="planner", backend="w", status=200, outcome="ok",
+                        ttft_s=0.5, e2e_s=2.0, completion_tokens=11, slo_ttft_ms=100, slo_tpot_ms=1000,
+                        slo_e2e_ms=5000, predicted={"ttft_ms": 250.0})  # fmt: skip
+    m.observe(rec)
+    m.observe(RequestRecord(request_id="r2", endpoint="chat", status=401, outcome="client_error"))
+    m.observe(RequestRecord(request_id="r3", endpoint="chat", agent="planner", backend="w", status=200,
+                            outcome="worker_error", error="WorkerTimeout"))  # fmt: skip
+    m.refresh(FleetSnapshot((BackendView("w", "m", healthy=False, inflight_requests=3),)))
+    text = m.render()[0].decode()
+    assert 'chimera_requests_total{agent="planner",backend="w",status="200"} 1.0' in text
+    assert 'chimera_requests_total{agent="none",backend="none",status="401"} 1.0' in text
+    assert 'chimera_requests_total{agent="planner",backend="w",status="504"} 1.0' in text
+    assert 'chimera_sla_violations_total{agent="planner",kind="ttft"} 1.0' in text
+    assert 'kind="tpot"' not in text and 'kind="e2e"' not in text
+    assert 'chimera_ttft_seconds_count{agent="planner",backend="w"} 1.0' in text
+    assert 'chimera_e2e_seconds_count{agent="planner",backend="w"} 1.0' in text
+    assert 'chimera_prediction_error_ratio_bucket{le="0.5",target="ttft"} 1.0' in text
+    assert 'chimera_backend_healthy{backend="w"} 0.0' in text
+    assert 'chimera_backend_inflight{backend="w"} 3.0' in text
+
+
+async def test_request_log_appends_json_lines(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "requests.jsonl"
+    log = RequestLog(str(path))
+    await log.start()
+    for i in range(3):
+        log.write(RequestRecord(request_id=f"r{i}", endpoint="chat", status=200, ttft_s=0.1, e2e_s=0.5,
+                                completion_tokens=5))  # fmt: skip
+    await log.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [x["request_id"] for x in lines] == ["r0", "r1", "r2"]
+    assert lines[0]["tpot_s"] == pytest.approx(0.1)
+    assert "started" not in lines[0]
+
+
+async def test_request_log_off_is_a_no_op() -> None:
+    log = RequestLog(None)
+    await log.start()
+    log.write(RequestRecord(request_id="r", endpoint="chat"))
+    await log.close()

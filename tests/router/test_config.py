@@ -1,0 +1,116 @@
+"""The config loader: a good file loads into frozen objects; each mistake is one `file:line: key` error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.config import load_config, parse_config
+from router.errors import ConfigError
+
+GOOD = """\
+gateway:
+  policy: least_kv
+  max_body_bytes: 1000
+backends:
+  - name: small-0
+    url: http://127.0.0.1:8001/
+    model: qwen2.5-1.5b
+    kv_budget_tokens: 400000
+  - name: big-0
+    url: http://127.0.0.1:8002
+    model: qwen2.5-7b
+    kv_budget_tokens: 200000
+    tags: [long]
+agents:
+  - name: planner
+    api_keys: [${PLANNER_KEY}]
+    models: [qwen2.5-7b, qwen2.5-1.5b]
+    sla: {ttft_ms: 800, tpot_ms: 60}
+    priority: 0
+  - name: coder
+    api_keys: ["${CODER_KEY:-coder-default}"]
+    models: [qwen2.5-1.5b]
+"""
+
+
+def _parse(text: str, env: dict[str, str] | None = None) -> object:
+    return parse_config(text, file="fleet.yaml", env={"PLANNER_KEY": "pk-1", **(env or {})})
+
+
+def test_good_config_loads_frozen_with_env_substituted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "fleet.yaml"
+    f.write_text(GOOD)
+    monkeypatch.setenv("PLANNER_KEY", "pk-secret")
+    cfg = load_config(f)
+    assert cfg.gateway.policy == "least_kv" and cfg.gateway.max_body_bytes == 1000
+    assert cfg.backends[0].url == "http://127.0.0.1:8001"  # trailing slash dropped
+    assert cfg.agent("planner") is not None and cfg.agent("planner").api_keys == ("pk-secret",)  # type: ignore[union-attr]
+    assert cfg.agent("coder").api_keys == ("coder-default",)  # type: ignore[union-attr]
+    assert cfg.served_models == ("qwen2.5-1.5b", "qwen2.5-7b") and cfg.uses_keys
+    with pytest.raises(ValueError):
+        cfg.gateway.port = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "where"),
+    [
+        ("  max_body_bytes: 1000", "  max_body_bytes: 1000\n  colour: red", "4: gateway.colour: unknown key"),
+        ("    kv_budget_tokens: 200000\n", "    kv_budget_tokens: 200000\n    weight: 2\n",
+         "13: backends[big-0].weight: unknown key"),
+        ("  - name: big-0", "  - name: small-0", "9: backends[small-0].name: duplicate name 'small-0'"),
+        ("  - name: coder", "  - name: planner", "20: agents[planner].name: duplicate name 'planner'"),
+        ("models: [qwen2.5-1.5b]", "models: [gpt-9]", "22: agents[coder].models[0]: no backend serves model"),
+        ("url: http://127.0.0.1:8002", "url: ftp://127.0.0.1:8002", "10: backends[big-0].url: not an http"),
+        ("url: http://127.0.0.1:8002", "url: http://127.0.0.1:99999", "10: backends[big-0].url: bad port"),
+        ("url: http://127.0.0.1:8002", "url: http://127.0.0.1:8001",
+         "10: backends[big-0].url: URL 'http://127.0.0.1:8001' is used by two"),
+        ("kv_budget_tokens: 200000", "kv_budget_tokens: -5",
+         "12: backends[big-0].kv_budget_tokens: Input should be greater than 0"),
+        ("max_body_bytes: 1000", "max_body_bytes: nope", "3: gateway.max_body_bytes"),
+        ("policy: least_kv", "policy: fastest", "2: gateway.policy"),
+        ("    priority: 0\n", "    priority: 0\n    on_overload: panic\n", "20: agents[planner].on_overload"),
+    ],
+)  # fmt: skip
+def test_each_mistake_names_file_line_and_key(old: str, new: str, where: str) -> None:
+    assert old in GOOD
+    with pytest.raises(ConfigError) as info:
+        _parse(GOOD.replace(old, new, 1))
+    assert str(info.value).startswith("fleet.yaml:" + where), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_env_var_names_its_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(GOOD, file="fleet.yaml", env={})
+    assert str(info.value) == "fleet.yaml:16: ${PLANNER_KEY}: environment variable PLANNER_KEY is not set"
+
+
+def test_env_value_cannot_change_the_yaml_shape() -> None:
+    cfg = _parse(GOOD, env={"PLANNER_KEY": "a, b]: {x"})
+    assert cfg.agents[0].api_keys == ("a, b]: {x",)  # type: ignore[attr-defined]
+
+
+def test_default_agent_rules() -> None:
+    no_keys = "\n".join(line for line in GOOD.splitlines() if "api_keys" not in line)
+    cfg = _parse(no_keys.replace("  policy: least_kv", "  policy: least_kv\n  default_agent: coder"))
+    assert cfg.gateway.default_agent == "coder"  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"gateway\.default_agent: no agent named 'nobody'"):
+        _parse(no_keys.replace("  policy: least_kv", "  policy: least_kv\n  default_agent: nobody"))
+    with pytest.raises(ConfigError, match="only allowed when no agent has keys"):
+        _parse(GOOD.replace("  policy: least_kv", "  policy: least_kv\n  default_agent: coder"))
+
+
+def test_shared_api_key_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"agents\[coder\].api_keys\[0\]: API key also belongs"):
+        _parse(GOOD, env={"CODER_KEY": "pk-1"})
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match=r"^fleet.yaml:\d+: invalid YAML"):
+        _parse("backends: [\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        _parse("- 1\n- 2\n")

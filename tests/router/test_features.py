@@ -1,0 +1,106 @@
+"""Request features: body validation, the cheap token estimate, model resolution, SLA headers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from router.errors import BadRequest, ModelNotAllowed, ModelNotFound
+from router.features import (
+    DEFAULT_OUTPUT_TOKENS,
+    MESSAGE_OVERHEAD_TOKENS,
+    build_features,
+    estimate_tokens,
+    parse_body,
+    reserved_tokens,
+    resolve_models,
+)
+from tests.conftest import make_config
+
+CFG = make_config(
+    [
+        {"name": "s", "url": "http://127.0.0.1:9001", "model": "small"},
+        {"name": "b", "url": "http://127.0.0.1:9002", "model": "big"},
+    ],
+    agents=[
+        {"name": "planner", "models": ["big", "small"], "sla": {"ttft_ms": 800, "tpot_ms": 50}, "priority": 2},
+        {"name": "cheap", "models": ["small"]},
+    ],
+)
+PLANNER, CHEAP = CFG.agents
+
+
+def test_estimate_is_max_of_words_and_quarter_chars() -> None:
+    assert estimate_tokens("") == 0
+    assert estimate_tokens("a b c d e f") == 6  # 6 words, 11 chars → words win
+    assert estimate_tokens("x" * 400) == 100  # one long word → chars / 4 win
+    assert estimate_tokens("hello") == 2
+
+
+def test_chat_body_features() -> None:
+    body = {"model": "auto", "messages": [{"role": "system", "content": "be brief"},
+                                          {"role": "user", "content": [{"type": "text", "text": "x" * 40}]}],
+            "max_completion_tokens": 64, "stream": True, "sim": {"output_tokens": 9999}}  # fmt: skip
+    p = parse_body("chat", body)
+    assert (p.model, p.stream, p.max_tokens, p.message_count) == ("auto", True, 64, 2)
+    assert p.prompt_tokens == 2 + 10 + 2 * MESSAGE_OVERHEAD_TOKENS
+
+
+@pytest.mark.parametrize(
+    ("prompt", "tokens", "count"),
+    [("one two three", 4, 1), (["ab", "cd"], 2, 2), ([1, 2, 3], 3, 1), ([[1, 2], [3]], 3, 2)],
+)
+def test_completion_prompt_shapes(prompt: Any, tokens: int, count: int) -> None:
+    p = parse_body("completions", {"model": "m", "prompt": prompt, "max_tokens": 5})
+    assert (p.prompt_tokens, p.message_count, p.max_tokens, p.stream) == (tokens, count, 5, False)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "param"),
+    [
+        ("chat", [1, 2], None),
+        ("chat", {"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ("chat", {"model": 3, "messages": [{"role": "user", "content": "x"}]}, "model"),
+        ("chat", {"model": "m"}, "messages"),
+        ("chat", {"model": "m", "messages": "hi"}, "messages"),
+        ("chat", {"model": "m", "messages": []}, "messages"),
+        ("chat", {"model": "m", "messages": ["hi"]}, "messages[0]"),
+        ("chat", {"model": "m", "messages": [{"role": "user"}], "stream": "yes"}, "stream"),
+        ("chat", {"model": "m", "messages": [{"role": "user"}], "max_tokens": "9"}, "max_tokens"),
+        ("chat", {"model": "m", "messages": [{"role": "user"}], "max_tokens": 0}, "max_tokens"),
+        ("chat", {"model": "m", "messages": [{"role": "u"}], "max_completion_tokens": True}, "max_completion_tokens"),
+        ("completions", {"model": "m"}, "prompt"),
+        ("completions", {"model": "m", "prompt": {"a": 1}}, "prompt"),
+        ("completions", {"model": "m", "prompt": []}, "prompt"),
+    ],
+)
+def test_bad_bodies_are_400_naming_the_param(endpoint: Any, body: Any, param: str | None) -> None:
+    with pytest.raises(BadRequest) as info:
+        parse_body(endpoint, body)
+    assert info.value.param == param
+    assert info.value.envelope()["error"]["type"] == "invalid_request_error"
+
+
+def test_resolve_models() -> None:
+    assert resolve_models(CFG, PLANNER, "auto") == ("big", "small")
+    assert resolve_models(CFG, PLANNER, "planner") == ("big", "small")
+    assert resolve_models(CFG, PLANNER, "small") == ("small",)
+    with pytest.raises(ModelNotAllowed):
+        resolve_models(CFG, CHEAP, "big")
+    with pytest.raises(ModelNotFound):
+        resolve_models(CFG, CHEAP, "gpt-4")
+    with pytest.raises(ModelNotFound):
+        resolve_models(CFG, CHEAP, "planner")  # another agent's name is not a model
+
+
+def test_features_take_agent_defaults_and_lenient_header_overrides() -> None:
+    parsed = parse_body("chat", {"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+    f = build_features("chat", PLANNER, ("big", "small"), parsed, {}, seq=7)
+    assert (f.agent, f.seq, f.priority, f.ttft_slo_ms, f.tpot_slo_ms, f.max_tokens) == ("planner", 7, 2, 800, 50, None)
+    hdrs = {"x-slo-ttft-ms": "250", "x-slo-tpot-ms": "nonsense", "x-priority": "0", "x-workflow-id": "wf-1"}
+    f = build_features("chat", PLANNER, ("big",), parsed, hdrs, seq=0)
+    assert (f.ttft_slo_ms, f.tpot_slo_ms, f.priority, f.workflow_id) == (250.0, 50, 0, "wf-1")
+    f = build_features("chat", PLANNER, ("big",), parsed, {"x-slo-ttft-ms": "-3", "x-priority": "high"}, seq=0)
+    assert (f.ttft_slo_ms, f.priority) == (800, 2)
+    assert reserved_tokens(f) == f.prompt_tokens + DEFAULT_OUTPUT_TOKENS
