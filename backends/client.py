@@ -70,7 +70,9 @@ class WorkerResponse:
         self.headers = response.headers
         self.first_chunk = first_chunk
         self._response = response
-        self._iter = cast(AsyncGenerator[bytes, None], response.aiter_raw())
+        # aiter_bytes rather than aiter_raw: workers are asked for identity encoding, but should one
+        # compress anyway, the client gets plain bytes (the gateway does not pass content-encoding).
+        self._iter = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
         self._more = more
         self._between_s = between_chunks_s
 

@@ -96,8 +96,40 @@ async def drive(cfg: dict[str, Any], workers: range) -> int:
                 async for chunk in resp.aiter_raw():
                     tokens += chunk.count(b'"text":"')
 
+    async def raw_worker(k: int, _client: httpx.AsyncClient) -> None:
+        """The same requests over a bare asyncio stream: a client cheap enough not to be the bottleneck."""
+        nonlocal tokens
+        rng = random.Random(k)
+        await asyncio.sleep(rng.uniform(0, cfg["warmup"] / 2))
+        host, port = cfg["base"].removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        n = 0
+        try:
+            while True:
+                n += 1
+                out = rng.randint(cfg["output_tokens"] // 2, cfg["output_tokens"] * 3 // 2)
+                body = json.dumps({
+                    "model": cfg["model"],
+                    "prompt": f"worker {k} request {n} " + "lorem " * cfg["prompt_words"],
+                    "max_tokens": out,
+                    "stream": True,
+                    "sim": {"output_tokens": out},
+                }).encode()  # fmt: skip
+                head = f"POST /v1/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+                writer.write(head.encode() + b"content-length: %d\r\n\r\n" % len(body) + body)
+                tail = b""
+                while not tail.endswith(b"0\r\n\r\n"):  # the chunked body's last chunk
+                    data = await reader.read(65536)
+                    if not data:
+                        raise ConnectionError("the simulator closed the connection")
+                    tokens += data.count(b'"text":"')
+                    tail = (tail + data)[-16:]
+        finally:
+            writer.close()
+
+    run = raw_worker if cfg["client"] == "raw" else worker
     async with httpx.AsyncClient(limits=limits, timeout=300) as client:
-        tasks = [asyncio.create_task(worker(k, client)) for k in workers]
+        tasks = [asyncio.create_task(run(k, client)) for k in workers]
         await asyncio.sleep(cfg["t0"] - time.time())
         start = tokens
         await asyncio.sleep(cfg["t1"] - time.time())
@@ -156,7 +188,7 @@ def run_one(args: argparse.Namespace, speedup: float) -> dict[str, Any] | None:
         "profile": args.profile,
         "speedup": speedup,
         "concurrency": args.concurrency,
-        "client_procs": args.client_procs,
+        "client": f"{args.client} x{args.client_procs}",
         "client_output_tok_per_s": round(tokens / wall),
         "engine_output_tok_per_s": round(
             (m1["vllm:generation_tokens_total"] - m0["vllm:generation_tokens_total"]) / wall
@@ -185,6 +217,7 @@ def main() -> int:
     p.add_argument("--port", type=int, default=18123)
     p.add_argument("--sim-cpu", type=int, default=0)
     p.add_argument("--client-procs", type=int, default=1)
+    p.add_argument("--client", choices=("httpx", "raw"), default="httpx", help="raw: bare asyncio streams")
     p.add_argument("--client-cpus", default="1", help="comma-separated cores for the client processes")
     args = p.parse_args()
     results = []
