@@ -36,7 +36,7 @@ def make_http_client(timeouts: Timeouts) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         timeout=httpx.Timeout(
             connect=timeouts.connect_s,
-            read=max(timeouts.first_byte_s, timeouts.between_chunks_s) + 1.0,
+            read=max(timeouts.first_byte_s, timeouts.between_chunks_s, timeouts.response_s) + 1.0,
             write=timeouts.first_byte_s,
             pool=timeouts.first_byte_s,
         ),
@@ -128,9 +128,10 @@ class WorkerClient:
         self._timeouts = timeouts
 
     async def open(
-        self, backend: BackendConfig, path: str, body: bytes, headers: Mapping[str, str]
+        self, backend: BackendConfig, path: str, body: bytes, headers: Mapping[str, str], *, stream: bool = True
     ) -> WorkerResponse:
-        """POST ``body`` and wait for the answer's first body byte (within ``first_byte_s``).
+        """POST ``body`` and wait for the answer's first body byte: within ``first_byte_s`` for a
+        stream; within ``response_s`` for a non-streamed answer, which arrives whole at the end.
 
         Returns 2xx and 4xx answers (a 4xx is the caller's mistake, not the worker's failure).
         Raises :class:`WorkerStatusError` for a 5xx and another :class:`WorkerError` for a
@@ -138,15 +139,14 @@ class WorkerClient:
         """
         request = self._client.build_request("POST", backend.url + path, content=body, headers=dict(headers))
         response: httpx.Response | None = None
+        limit = self._timeouts.first_byte_s if stream else self._timeouts.response_s
         try:
-            async with asyncio.timeout(self._timeouts.first_byte_s):
+            async with asyncio.timeout(limit):
                 response = await self._client.send(request, stream=True)
                 opened = await WorkerResponse._open(backend.name, response, self._timeouts.between_chunks_s)
         except TimeoutError as exc:
             await _close_quietly(response)
-            raise WorkerTimeout(
-                f"worker {backend.name} sent no byte within {self._timeouts.first_byte_s:g}s", backend=backend.name
-            ) from exc
+            raise WorkerTimeout(f"worker {backend.name} sent no byte within {limit:g}s", backend=backend.name) from exc
         except httpx.HTTPError as exc:
             await _close_quietly(response)
             raise _translate(exc, backend.name, before_first_byte=True) from exc

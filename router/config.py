@@ -109,8 +109,9 @@ class Timeouts(_Frozen):
     """Worker-client timeouts, in seconds."""
 
     connect_s: PosFloat = 2.0
-    first_byte_s: PosFloat = 60.0
+    first_byte_s: PosFloat = 60.0  # streamed requests: until the first SSE byte (queueing + prefill)
     between_chunks_s: PosFloat = 30.0
+    response_s: PosFloat = 600.0  # non-streamed requests: the whole answer comes as its first byte
 
 
 class HealthConfig(_Frozen):

@@ -133,7 +133,9 @@ class ProxyResponse:
                    "x-request-id": call.request_id}  # fmt: skip
         reservation = await gw.state.reserve(name, reserved_tokens(call.features))
         try:
-            opened = await gw.workers.open(backend, call.path, call.body_for(backend.model), headers)
+            opened = await gw.workers.open(
+                backend, call.path, call.body_for(backend.model), headers, stream=call.features.stream
+            )
             try:
                 rec.backend, rec.model = name, backend.model
                 rec.fleet = _fleet_features(view)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from router.config import PolicyOptions
 from router.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
 
@@ -29,13 +31,29 @@ def _load_key(b: BackendView) -> tuple[float, ...]:
     )
 
 
+def _rotate_ties(
+    order: list[BackendView], key: Callable[[BackendView], tuple[float, ...]], seq: int
+) -> list[BackendView]:
+    """Within each run of exactly equal keys, rotate by the request counter, so an idle (or evenly
+    loaded) group shares traffic evenly instead of the first-listed worker taking every tie."""
+    out: list[BackendView] = []
+    i = 0
+    while i < len(order):
+        j = i + 1
+        k = key(order[i])
+        while j < len(order) and key(order[j]) == k:
+            j += 1
+        group = order[i:j]
+        r = seq % len(group)
+        out += group[r:] + group[:r]
+        i = j
+    return out
+
+
 def least_outstanding(features: RequestFeatures, snapshot: FleetSnapshot) -> Decision:
     """Fewest in-flight requests (this gateway's own count, always fresh)."""
-    bs = snapshot.backends
-    n = len(bs) or 1
-    # Exact ties rotate with the request counter, so an idle fleet is not always hit first-listed-first.
-    order = sorted(range(len(bs)), key=lambda i: (*_load_key(bs[i]), (i - features.seq) % n))
-    return _ranked([bs[i] for i in order], "least_outstanding")
+    order = sorted(snapshot.backends, key=_load_key)
+    return _ranked(_rotate_ties(order, _load_key, features.seq), "least_outstanding")
 
 
 def least_kv(features: RequestFeatures, snapshot: FleetSnapshot) -> Decision:

@@ -132,11 +132,6 @@ def test_least_outstanding_tie_rotation_reaches_every_tied_worker() -> None:
     assert all(least_outstanding(feats(seq=i), s).ranked[-1] == "d" for i in range(5))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ties rotate modulo the whole fleet, not the tied group: "
-    "with 3 tied of 4 workers the first tied one gets half the traffic",
-)
 def test_least_outstanding_tie_rotation_is_even_when_only_some_are_tied() -> None:
     s = snap(bv("a"), bv("b"), bv("c"), bv("d", inflight_requests=1))
     firsts = Counter(least_outstanding(feats(seq=i), s).ranked[0] for i in range(30))
