@@ -90,11 +90,13 @@ class Prober:
         await asyncio.sleep(self._rng.uniform(0, interval * FIRST_PROBE_SPREAD))
         next_at = loop.time()
         while True:
-            ok, metrics = await self.probe_once(backend)
-            try:
-                await self._state.record_probe(backend.name, ok, metrics)
-            except ChimeraError as exc:  # e.g. a shared state that is briefly unreachable
-                log.warning("worker %s: could not record probe: %s", backend.name, exc)
+            # A shared state elects one replica per worker to probe it; the rest read its results.
+            if await self._state.should_probe(backend.name):
+                ok, metrics = await self.probe_once(backend)
+                try:
+                    await self._state.record_probe(backend.name, ok, metrics)
+                except ChimeraError as exc:  # e.g. a shared state that is briefly unreachable
+                    log.warning("worker %s: could not record probe: %s", backend.name, exc)
             # Fixed cadence; a round that overran its slot skips to the next one.
             now = loop.time()
             next_at += interval

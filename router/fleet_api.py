@@ -29,6 +29,7 @@ async def ready(request: Request) -> JSONResponse:
 async def metrics(request: Request) -> Response:
     gw = gateway_of(request)
     gw.metrics.refresh(gw.state.snapshot())
+    gw.metrics.refresh_state(gw.state)
     body, content_type = gw.metrics.render()
     return Response(body, media_type=content_type)
 
@@ -36,13 +37,18 @@ async def metrics(request: Request) -> Response:
 async def fleet(request: Request) -> JSONResponse:
     gw = gateway_of(request)
     state = gw.state
-    return JSONResponse(
-        {
-            "state": "degraded" if state.degraded else state.kind,
-            "policy": gw.policy_name,
-            "backends": [_backend_json(b) for b in state.snapshot().backends],
-        }
-    )
+    body: dict[str, Any] = {
+        "state": "degraded" if state.degraded else state.kind,
+        "policy": gw.policy_name,
+        "backends": [_backend_json(b) for b in state.snapshot().backends],
+    }
+    if replicas := state.replicas():  # a shared state: every replica's share of inflight_*
+        body["replicas"] = [
+            {"id": r.id, "self": r.is_self, "inflight_requests": r.inflight_requests,
+             "inflight_tokens": r.inflight_tokens}
+            for r in replicas
+        ]  # fmt: skip
+    return JSONResponse(body)
 
 
 def _backend_json(b: BackendView) -> dict[str, Any]:

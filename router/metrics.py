@@ -6,9 +6,14 @@ the fleet gauges are refreshed from the state's snapshot when ``/metrics`` is sc
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from router.requestlog import RequestRecord
+from router.state.base import FleetState
 from router.types import FleetSnapshot
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -36,6 +41,13 @@ class Metrics:
                                           ["target"], buckets=RATIO_BUCKETS, registry=r)  # fmt: skip
         self.worker_failures = Counter("chimera_worker_failures_total", "Failed attempts on a worker, by kind.",
                                        ["backend", "kind"], registry=r)  # fmt: skip
+
+        self._state_collector = _StateCollector()
+        r.register(self._state_collector)
+
+    def refresh_state(self, state: FleetState) -> None:
+        """The fleet state's own counters (Redis round trips, outages), read at scrape time."""
+        self._state_collector.state = state
 
     def worker_failed(self, backend: str, kind: str) -> None:
         self.worker_failures.labels(backend, kind).inc()
@@ -72,6 +84,28 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _StateCollector(Collector):
+    """Counters owned by the fleet state, which keeps them as plain ints (no registry of its own)."""
+
+    def __init__(self) -> None:
+        self.state: FleetState | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        if self.state is None or self.state.kind == "memory":
+            return
+        st = self.state.stats()
+        yield CounterMetricFamily("chimera_state_redis_commands", "Round trips to Redis (a script call is one).",
+                                  value=st.round_trips)  # fmt: skip
+        yield CounterMetricFamily("chimera_state_redis_errors", "Redis round trips that failed or timed out.",
+                                  value=st.errors)  # fmt: skip
+        yield CounterMetricFamily("chimera_state_degraded", "Times the fleet state lost Redis and served on its "
+                                  "local view.", value=st.degraded_events)  # fmt: skip
+        yield GaugeMetricFamily("chimera_state_degraded_now", "1 while the fleet state is degraded.",
+                                value=1.0 if self.state.degraded else 0.0)  # fmt: skip
+        yield GaugeMetricFamily("chimera_state_replicas", "Live gateway replicas sharing the fleet state.",
+                                value=len(self.state.replicas()))  # fmt: skip
 
 
 def _status_label(rec: RequestRecord) -> str:

@@ -173,6 +173,8 @@ def run_one(args: argparse.Namespace, speedup: float) -> dict[str, Any] | None:
             p.start()
         time.sleep(max(0.0, t0 - time.time()))
         m0, cpu0 = scrape(base), cpu_seconds(sim.pid)
+        time.sleep(max(0.0, t0 + args.duration / 2 - time.time()))
+        mid = scrape(base)
         time.sleep(max(0.0, t0 + args.duration - time.time()))
         m1, cpu1 = scrape(base), cpu_seconds(sim.pid)
         tokens = sum(queue.get(timeout=120) for _ in procs)
@@ -193,8 +195,8 @@ def run_one(args: argparse.Namespace, speedup: float) -> dict[str, Any] | None:
         "engine_output_tok_per_s": round(
             (m1["vllm:generation_tokens_total"] - m0["vllm:generation_tokens_total"]) / wall
         ),
-        "running": m1["vllm:num_requests_running"],
-        "waiting": m1["vllm:num_requests_waiting"],
+        "running_mid": mid["vllm:num_requests_running"],
+        "waiting_mid": mid["vllm:num_requests_waiting"],
         "steps_per_s": round(steps / wall, 1),
         "engine_busy_share": round(busy / wall, 3),
         "sim_cpu_share": round((cpu1 - cpu0) / wall, 3),

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -30,6 +32,8 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger(__name__)
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
@@ -93,6 +97,7 @@ class SimApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self._task = asyncio.create_task(self.engine.run(), name="sim-engine")
+                self._task.add_done_callback(_report_engine_death)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self._task is not None:
@@ -198,6 +203,11 @@ class SimApp:
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
 
 
+def _report_engine_death(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the simulated engine stopped", exc_info=task.exception())
+
+
 async def _read_body(receive: Receive) -> bytes:
     chunks = []
     while True:
@@ -228,6 +238,9 @@ def create_app(settings: SimSettings) -> ASGIApp:
 def serve(settings: SimSettings, host: str, port: int) -> None:
     """Run one simulated worker until interrupted (blocking)."""
     app = create_app(settings)
+    # The process is ours: keep the long-lived KV-cache tables (up to ~100k entries) out of the
+    # cyclic GC's full collections, which otherwise stall the engine for tens of milliseconds.
+    gc.freeze()
     uvicorn.run(
         app,
         host=host,

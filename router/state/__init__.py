@@ -13,6 +13,7 @@ from router.config import Config
 from router.errors import ConfigError
 from router.state.base import FleetState, Reservation, ScrapedMetrics
 from router.state.memory import MemoryFleetState
+from router.state.options import redis_options
 
 __all__ = ["FleetState", "MemoryFleetState", "Reservation", "ScrapedMetrics", "available", "create_state"]
 
@@ -24,7 +25,10 @@ def _memory(config: Config) -> FleetState:
 
 
 def _redis(config: Config) -> FleetState:
-    raise ConfigError("redis state is not available yet", key="gateway.state")
+    # Imported here so a memory-only gateway never imports redis.
+    from router.state.redis_state import RedisFleetState
+
+    return RedisFleetState(config.backends, config.gateway.health, redis_options(config.gateway.state))
 
 
 _REGISTRY: dict[str, StateFactory] = {

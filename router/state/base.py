@@ -33,6 +33,25 @@ class Reservation:
     tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """One gateway replica's reservations, as a shared state sees them (``/fleet``'s ``replicas``)."""
+
+    id: str
+    is_self: bool
+    inflight_requests: int
+    inflight_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateStats:
+    """Counters of a shared state's own traffic, for ``/metrics`` (all zero for memory)."""
+
+    round_trips: int = 0  # requests sent to the shared store (a pipeline or a script is one)
+    errors: int = 0  # round trips that failed or timed out
+    degraded_events: int = 0  # times the state lost its store and fell back to its local view
+
+
 class FleetState(Protocol):
     """Implemented by ``router.state.memory.MemoryFleetState`` (and a Redis one)."""
 
@@ -52,6 +71,17 @@ class FleetState(Protocol):
     def any_probe_ok(self) -> bool:
         """Whether any worker has ever answered a probe (``/ready``: workers start optimistically
         healthy, so ``healthy`` alone cannot tell a fresh gateway from a working one)."""
+        ...
+
+    def replicas(self) -> tuple[ReplicaLoad, ...]:
+        """Every live gateway replica's load (empty where the state is not shared)."""
+        ...
+
+    def stats(self) -> StateStats: ...
+
+    async def should_probe(self, backend: str) -> bool:
+        """Whether this gateway probes ``backend`` this round (a shared state elects one replica per
+        worker, so N replicas do not multiply the probe load on it; the others read its results)."""
         ...
 
     async def reserve(self, backend: str, tokens: int) -> Reservation: ...

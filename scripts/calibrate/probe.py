@@ -42,9 +42,11 @@ import time
 
 import httpx
 
-PHASES = ("ttft", "tpot", "mix", "saturation", "kv")
+PHASES = ("ttft", "tpot", "mix", "saturation", "kv", "psweep", "dsweep")
 TTFT_PROMPTS_BRIEF = (128, 512, 2048, 8192)
-TTFT_PROMPTS_EXTRA = (32, 1024, 4096, 12288, 16000)
+TTFT_PROMPTS_EXTRA = (32, 1024, 4096, 12288)  # (16000 words trip vLLM's prompt-characters check)
+PSWEEP_PROMPTS = (16, 64, 120, 128, 136, 256, 512, 1024, 2048, 4096, 8192)
+DSWEEP_BATCHES = (1, 8, 32, 64, 96, 120, 128, 136, 192, 256)
 TPOT_BATCHES = (1, 8, 32, 64, 128)
 TPOT_PROMPTS = (256, 2048)
 
@@ -66,7 +68,9 @@ def _count_tokens(choice: dict) -> int:
 
 async def _one(client: httpx.AsyncClient, url: str, model: str, spec: dict, t_start: float) -> dict:
     """spec: id, prompt, out, delay, stream, seed. Times returned are perf_counter seconds (system-wide)."""
-    prompt = make_prompt(spec["prompt"], spec["seed"])
+    prompt: str | list[int] = make_prompt(spec["prompt"], spec["seed"])
+    if spec.get("ids"):  # token ids: skips the front end's tokenizer
+        prompt = [int(w[1:]) for w in prompt.split()]
     body = {"model": model, "prompt": prompt, "max_tokens": spec["out"], "ignore_eos": True,
             "temperature": 0.0, "stream": bool(spec["stream"])}
     if spec["stream"]:
@@ -241,9 +245,9 @@ class Probe:
         self.seed += 1
         return self.seed
 
-    def spec(self, prompt: int, out: int, stream: bool = True, delay: float = 0.0) -> dict:
+    def spec(self, prompt: int, out: int, stream: bool = True, delay: float = 0.0, ids: bool = False) -> dict:
         return {"id": self.next_seed(), "prompt": prompt, "out": out, "stream": stream, "delay": delay / self.scale,
-                "seed": self.next_seed()}
+                "seed": self.next_seed(), "ids": ids}
 
     def metrics(self) -> tuple[str, dict[str, float]]:
         try:
@@ -332,6 +336,58 @@ class Probe:
             if self.late():
                 break
         self.res["ttft"] = out
+
+    def phase_psweep(self) -> None:
+        """TTFT of single prompts across vLLM's CUDA-graph limit (128 tokens), repeated round-robin."""
+        prompts = [p for p in PSWEEP_PROMPTS if p + 1 <= self.a.max_model_len]
+        for n in prompts:  # warm each shape
+            self.batch([self.spec(n, 1)])
+        got: dict[str, list] = {}
+        for _ in range(self.a.reps):
+            for n in prompts:
+                rs, d = self.batch([self.spec(n, 1)])
+                got.setdefault(str(n), []).append([rs[0].get("ttft", float("nan")) * 1e3,
+                                                   d.get("vllm:time_to_first_token_seconds_sum", 0) * 1e3 * self.scale,
+                                                   d.get("vllm:request_prefill_time_seconds_sum", 0) * 1e3 * self.scale])
+            for n in (max(prompts),):  # the same prompt length as token ids: no tokenizer in the front end
+                rs, d = self.batch([self.spec(n, 1, ids=True)])
+                got.setdefault(f"{n}ids", []).append([rs[0].get("ttft", float("nan")) * 1e3,
+                                                      d.get("vllm:time_to_first_token_seconds_sum", 0) * 1e3 * self.scale,
+                                                      d.get("vllm:request_prefill_time_seconds_sum", 0) * 1e3 * self.scale])
+        out = []
+        for k, v in got.items():
+            out.append({"prompt": int(k.rstrip("ids")), "as_ids": k.endswith("ids"),
+                        "ttft_ms": statistics.median(x[0] for x in v), "ttft_ms_all": [round(x[0], 2) for x in v],
+                        "server_ttft_ms": statistics.median(x[1] for x in v),
+                        "server_prefill_ms": statistics.median(x[2] for x in v)})
+            self.log(f"psweep {k}: {out[-1]['ttft_ms']:.2f} ms {out[-1]['ttft_ms_all']} server "
+                     f"{out[-1]['server_ttft_ms']:.1f} prefill {out[-1]['server_prefill_ms']:.1f}")
+        self.res["psweep"] = out
+
+    def phase_dsweep(self) -> None:
+        """Steady decode step by batch size across the CUDA-graph limit (128 seqs), repeated."""
+        out = []
+        for rep in range(self.a.reps_decode):
+            for p, batches in ((128, DSWEEP_BATCHES), (1024, (1, 16, 32, 64))):
+                for b in batches:
+                    if p * b > self.a.dsweep_max_tokens:
+                        continue
+                    rs, d = self.batch([self.spec(p, self.a.dsweep_out) for _ in range(b)])
+                    s = self._decode_summary(rs, d)
+                    st = s["steady"] or {}
+                    steps = d.get("vllm:iteration_tokens_total_count")
+                    out.append({"rep": rep, "prompt": p, "batch": b, "out": self.a.dsweep_out,
+                                "steady_step_ms": st.get("step_ms"), "steady_ctx_mid": st.get("ctx_mid"),
+                                "tpot_ms_p50": s["tpot_ms_p50"], "makespan_s": s["makespan_s"], "engine_steps": steps,
+                                "server_itl_ms": 1e3 * self.scale * d.get("vllm:inter_token_latency_seconds_sum", 0)
+                                / max(1, d.get("vllm:inter_token_latency_seconds_count", 1)),
+                                "chunks_per_token": s["chunks_per_token"], "errors": s["errors"]})
+                    self.log(f"dsweep rep{rep} p{p} b{b}: steady {st.get('step_ms', 0):.2f} ms, "
+                             f"server itl {out[-1]['server_itl_ms']:.2f}, steps {steps}")
+                    if self.late():
+                        self.res["dsweep"] = out
+                        return
+        self.res["dsweep"] = out
 
     def _decode_summary(self, rs: list[dict], d: dict) -> dict:
         ok = [r for r in rs if not r["err"]]
@@ -537,6 +593,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-prompt", type=int, default=1024)
     ap.add_argument("--kv-out", type=int, default=1024)
     ap.add_argument("--poll-s", type=float, default=0.1)
+    ap.add_argument("--reps", type=int, default=3, help="psweep repetitions")
+    ap.add_argument("--reps-decode", type=int, default=2, help="dsweep repetitions")
+    ap.add_argument("--dsweep-out", type=int, default=64)
+    ap.add_argument("--dsweep-max-tokens", type=int, default=70000, help="skip dsweep batches with more prompt tokens")
     a = ap.parse_args(argv)
     a.phases = [p for p in a.phases.split(",") if p]
     bad = [p for p in a.phases if p not in PHASES]

@@ -62,18 +62,28 @@ probe() {  # name model port cap_s extra-args...
   [ $dl -le $((now + 10)) ] && { echo "skip $n (no time left)"; return; }
   echo "=== probe $n at +$((now - T0)) s, deadline +$((dl - T0)) s"
   timeout $(( dl - now + 40 )) python3 scripts/calibrate/probe.py --url http://127.0.0.1:$p --model $m \
-    --out $OUT/probe-$n.json --procs 8 --deadline $dl "$@"
+    --out $OUT/${TAG:-probe}-$n.json --procs 8 --deadline $dl "$@" $PROBE_ARGS
   echo "=== done $n rc=$? at +$(( $(date +%s) - T0 )) s"
 }
-# KV-pressure first (the fidelity check needs it), then the four profiles, small to large.
+# Run 1 (default): KV pressure first (the fidelity check needs it), then the four profiles, small to large.
+# Run 2 (RUN=2, WORKERS without kvsmall): the sweeps across the CUDA-graph limit, and two more mixed steps.
+PROBE_ARGS=${PROBE_ARGS:-}
+if [ "${RUN:-1}" = 2 ]; then
+  TAG=${TAG:-probe2}
+  for w in $WORKERS; do IFS=: read n m p <<< "$w"; cap=75; [ $n = qwen2.5-14b ] && cap=110
+    case $n in *0.5b) mo=880;; *1.5b) mo=640;; *7b) mo=640;; *) mo=340;; esac   # ~3 s of decode (run 1)
+    probe $n $m $p $cap --phases psweep,dsweep,mix --quick --mix-inject 512,4096 --mix-at 0.8,1.6 --mix-out $mo; done
+  nvidia-smi --query-gpu=clocks.sm,clocks.mem,clocks.max.sm,power.draw,pstate --format=csv >> $L/nvidia-smi.txt 2>&1
+else
 probe kvsmall qwen2.5-0.5b 8005 60 --phases kv --quick
 probe qwen2.5-0.5b qwen2.5-0.5b 8001 75
 probe qwen2.5-1.5b qwen2.5-1.5b 8002 75
 probe qwen2.5-7b qwen2.5-7b 8003 95
 probe qwen2.5-14b qwen2.5-14b 8004 120
+fi
 
 # second wave for any main worker that did not come up with the others (e.g. memory), if time is left
-failed=""; for w in $WORKERS; do IFS=: read n m p <<< "$w"; [ $n = kvsmall ] && continue; [ -f $OUT/probe-$n.json ] || failed="$failed $w"; done
+failed=""; for w in $WORKERS; do IFS=: read n m p <<< "$w"; [ $n = kvsmall ] && continue; [ -f $OUT/${TAG:-probe}-$n.json ] || failed="$failed $w"; done
 if [ -n "$failed" ] && [ $(( END - $(date +%s) )) -gt 200 ]; then
   echo "second wave:$failed"
   for w in $WORKERS; do IFS=: read n m p <<< "$w"; stop $n; done; sleep 8

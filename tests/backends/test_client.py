@@ -13,7 +13,7 @@ from router.config import BackendConfig, Timeouts
 from router.errors import WorkerConnectError, WorkerProtocolError, WorkerStatusError, WorkerTimeout
 
 BACKEND = BackendConfig(name="w", url="http://worker:8000", model="m", kv_budget_tokens=1000)
-TIMEOUTS = Timeouts(connect_s=0.2, first_byte_s=0.2, between_chunks_s=0.2)
+TIMEOUTS = Timeouts(connect_s=0.2, first_byte_s=0.2, between_chunks_s=0.2, response_s=0.2)
 
 
 def _client(handler: Callable[[httpx.Request], object]) -> httpx.AsyncClient:

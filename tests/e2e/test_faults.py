@@ -18,7 +18,7 @@ from tests.e2e.fakes import FakeWorker
 
 USER = [{"role": "user", "content": "hello"}]
 Gw = Callable[..., ServerThread]
-FAST = {"connect_s": 0.5, "first_byte_s": 0.5, "between_chunks_s": 0.4}
+FAST = {"connect_s": 0.5, "first_byte_s": 0.5, "between_chunks_s": 0.4, "response_s": 0.5}
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_stream_breaking_mid_way_ends_with_an_error_event(gateway_server: Gw, fa
 @pytest.mark.parametrize("stream", [False, True])
 def test_client_disconnect_cancels_the_upstream_request(gateway_server: Gw, fake_server: Any, stream: bool) -> None:
     worker = FakeWorker(mode="ok" if stream else "stall", chunks=200, chunk_delay=0.05)
-    gw = _gateway(gateway_server, [fake_server(worker).url], timeouts={**FAST, "first_byte_s": 30})
+    gw = _gateway(gateway_server, [fake_server(worker).url], timeouts={**FAST, "first_byte_s": 30, "response_s": 30})
     body = {"model": "m", "messages": USER, "stream": stream}
     with httpx.Client(timeout=httpx.Timeout(5, read=0.5)) as client:
         if stream:

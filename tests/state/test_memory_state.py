@@ -1,5 +1,5 @@
-"""Behaviour of a FleetState, written against the Protocol so a Redis implementation can run the
-same tests: add its name to ``KINDS`` and a branch to ``make_state``."""
+"""Behaviour of a FleetState, written against the Protocol: every test runs against each of
+``KINDS`` (Redis: the shared server on 127.0.0.1:6379, under a fresh key prefix per test)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,13 @@ from router.errors import ConfigError
 from router.state import create_state
 from router.state.base import FleetState, Reservation, ScrapedMetrics
 from router.state.memory import MemoryFleetState
+from router.state.options import RedisOptions
+from router.state.redis_state import RedisFleetState
 from router.types import BackendView
+from tests.redisutil import SHARED_URL, redis_prefix
 
-KINDS = ["memory"]
+KINDS = ["memory", "redis"]
+__all__ = ["redis_prefix"]  # a fixture
 
 
 class FakeClock:
@@ -46,8 +50,10 @@ async def make_state(request: pytest.FixtureRequest, clock: FakeClock) -> AsyncI
     async def make(health: HealthConfig = HEALTH) -> FleetState:
         if request.param == "memory":
             st: FleetState = MemoryFleetState(BACKENDS, health, clock=clock)
-        else:  # pragma: no cover - future implementations
-            raise AssertionError(request.param)
+        else:
+            prefix = request.getfixturevalue("redis_prefix")
+            opts = RedisOptions(SHARED_URL, prefix=f"{prefix}-{len(made)}")
+            st = RedisFleetState(BACKENDS, health, opts, clock=clock)
         await st.start()
         made.append(st)
         return st
@@ -79,6 +85,7 @@ async def test_fresh_state_is_optimistic(state: FleetState) -> None:
     assert snap.backends[1].max_model_len == 4096
     assert not state.any_probe_ok()
     assert not state.degraded
+    assert state.stats().errors == 0
 
 
 async def test_reserve_and_release_account_requests_and_tokens(state: FleetState) -> None:
@@ -253,9 +260,13 @@ def test_create_state_picks_by_name() -> None:
     assert [b.name for b in st.snapshot().backends] == ["a"]
 
 
-def test_create_state_redis_not_yet() -> None:
-    with pytest.raises(ConfigError, match="redis state is not available yet") as ei:
-        create_state(_config("redis://127.0.0.1:6379/0"))
+def test_create_state_redis_reads_its_options_from_the_url() -> None:
+    st = create_state(_config("redis://127.0.0.1:6379/3?prefix=p1&lease_ttl_s=2.5&replica=r1&health_check_interval=5"))
+    assert isinstance(st, RedisFleetState) and st.kind == "redis" and st.replica_id == "r1"
+    assert st._opts == RedisOptions("redis://127.0.0.1:6379/3?health_check_interval=5", prefix="p1", lease_ttl_s=2.5,
+                                    replica_id="r1")  # fmt: skip
+    with pytest.raises(ConfigError, match="lease_ttl_s='x'") as ei:
+        create_state(_config("redis://127.0.0.1:6379/0?lease_ttl_s=x"))
     assert ei.value.key == "gateway.state"
 
 

@@ -1,0 +1,48 @@
+"""Options of the Redis fleet state, read from its URL (``gateway.state``) without importing redis."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from router.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class RedisOptions:
+    url: str  # what redis-py connects to (our own query keys removed)
+    prefix: str = "chimera"  # key prefix: replicas sharing a fleet view name the same one
+    replica_id: str | None = None  # default: host-pid-random, unique per process start
+    lease_ttl_s: float = 10.0  # a replica that stops heartbeating loses its reservations after this
+    sync_interval_s: float = 0.1  # heartbeat + refresh of the local view
+    op_timeout_s: float = 0.1  # the longest a Redis round trip may hold a request
+
+
+_KEYS: dict[str, tuple[str, type[str] | type[float]]] = {
+    "prefix": ("prefix", str),
+    "replica": ("replica_id", str),
+    "lease_ttl_s": ("lease_ttl_s", float),
+    "sync_interval_s": ("sync_interval_s", float),
+    "op_timeout_s": ("op_timeout_s", float),
+}
+
+
+def redis_options(url: str) -> RedisOptions:
+    """``redis://HOST:PORT/DB?prefix=P&lease_ttl_s=10&...``: query keys the state does not know
+    are left in the URL for redis-py."""
+    parts = urlsplit(url)
+    ours: dict[str, Any] = {}
+    rest: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query):
+        if key not in _KEYS:
+            rest.append((key, value))
+            continue
+        field, kind = _KEYS[key]
+        try:
+            ours[field] = kind(value)
+        except ValueError:
+            raise ConfigError(f"{key}={value!r} in the state URL is not a number", key="gateway.state") from None
+        if kind is float and not ours[field] > 0:
+            raise ConfigError(f"{key} in the state URL must be positive", key="gateway.state")
+    return RedisOptions(url=urlunsplit(parts._replace(query=urlencode(rest))), **ours)

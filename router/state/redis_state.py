@@ -1,0 +1,281 @@
+"""FleetState shared by gateway replicas through Redis (``gateway.state: redis://HOST:PORT/DB``).
+
+Each replica keeps the same local :class:`~router.state.table.FleetTable` as the memory state
+(same health rules, same cached snapshot, no I/O in ``snapshot()``) and adds what the others see:
+
+* **Load.** ``reserve``/``release`` update the local record first (exact, never lost), then store
+  this replica's absolute, versioned numbers for the worker in one script call (``PUT``), whose
+  reply is the other replicas' totals for that worker: one round trip each, two per request.
+* **Leases.** A background task runs ``SYNC`` every ``sync_interval_s``: one round trip that
+  heartbeats (renews this replica's load hash for ``lease_ttl_s``), republishes all its numbers,
+  and reads every live replica's load and every worker's last probe. A replica that dies without
+  a goodbye stops renewing; its hash expires and its reservations vanish within the TTL. ``close()``
+  deletes them at once.
+* **One prober per worker.** ``should_probe`` takes or renews a short per-worker lease (SET NX PX
+  in ``ELECT``); the holder probes and publishes the outcome; every replica applies each published
+  probe to its own table once (``seq``), so active health is shared. Passive health (request
+  outcomes) and the latency EWMAs stay per replica.
+* **Outage.** Every call is bounded by ``op_timeout_s``. On an error the state turns degraded: it
+  logs once, counts it, stops calling Redis on the hot path (reserve/release only touch the local
+  table; every replica probes for itself) and the sync task retries with backoff. The first
+  successful SYNC republishes this replica's live reservations — the reconcile — and clears it.
+
+Key layout and scripts: :mod:`router.state.redis_lua`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from router.config import BackendConfig, HealthConfig
+from router.state import redis_lua
+from router.state.base import ReplicaLoad, Reservation, ScrapedMetrics, StateStats
+from router.state.options import RedisOptions
+from router.state.table import FleetTable
+from router.types import FleetSnapshot
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 2.0  # the sync task retries a lost Redis at most this far apart
+PROBE_LEASE_INTERVALS = 3  # a probe lease outlives its holder by this many probe intervals
+
+
+class RedisFleetState:
+    """FleetState shared through Redis by every gateway replica naming the same URL and prefix."""
+
+    kind: str = "redis"
+
+    def __init__(
+        self,
+        backends: Sequence[BackendConfig],
+        health: HealthConfig,
+        options: RedisOptions,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._table = FleetTable(backends, health, clock)
+        self._opts = options
+        self.replica_id = options.replica_id or f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+        self._reservations: dict[str, Reservation] = {}
+        self._ids = itertools.count(1)
+        self._version = dict.fromkeys(self._table.records, 0)
+        self._probe_seen: dict[str, tuple[str, str]] = {}  # worker -> (seq, at) of the last probe applied
+        self._others: dict[str, dict[str, tuple[int, int]]] = {}  # replica -> worker -> (requests, tokens)
+        p = "{" + options.prefix + "}"
+        self._k_replicas, self._k_load, self._k_probe, self._k_lease = (
+            f"{p}:replicas", f"{p}:load:", f"{p}:probe:", f"{p}:lease:",
+        )  # fmt: skip
+        self._probe_lease_ms = int(health.probe_interval_s * PROBE_LEASE_INTERVALS * 1000)
+        self._client: aioredis.Redis | None = None
+        self._scripts: dict[str, Any] = {}
+        self._sync_task: asyncio.Task[None] | None = None
+        self._degraded = False
+        self._round_trips = self._errors = self._degraded_events = 0
+
+    # -- lifecycle --
+
+    @property
+    def degraded(self) -> bool:
+        return self._degraded
+
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        timeout = self._opts.op_timeout_s
+        self._client = aioredis.Redis.from_url(
+            self._opts.url, decode_responses=True, socket_timeout=timeout, socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0), client_name=f"chimera-{self.replica_id}",
+        )  # fmt: skip
+        for name in ("PUT", "SYNC", "PUBLISH_PROBE", "ELECT", "GOODBYE"):
+            self._scripts[name] = self._client.register_script(getattr(redis_lua, name))
+        await self.sync()
+        self._sync_task = asyncio.create_task(self._sync_loop(), name=f"redis-state:{self.replica_id}")
+
+    async def close(self) -> None:
+        task, self._sync_task = self._sync_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._client is None:
+            return
+        if not self._degraded:
+            leases = [self._k_lease + w for w in self._table.records]
+            await self._call("GOODBYE", [self._key_self(), self._k_replicas, *leases], [self.replica_id])
+        client, self._client = self._client, None
+        await client.aclose()
+
+    # -- reads (local, no I/O) --
+
+    def snapshot(self) -> FleetSnapshot:
+        return self._table.snapshot()
+
+    def any_probe_ok(self) -> bool:
+        return self._table.any_probe_ok
+
+    def replicas(self) -> tuple[ReplicaLoad, ...]:
+        recs = self._table.records.values()
+        mine = ReplicaLoad(self.replica_id, True, sum(r.inflight_requests for r in recs),
+                           sum(r.inflight_tokens for r in recs))  # fmt: skip
+        others = (
+            ReplicaLoad(rid, False, sum(r for r, _ in load.values()), sum(t for _, t in load.values()))
+            for rid, load in sorted(self._others.items())
+        )
+        return (mine, *others)
+
+    def stats(self) -> StateStats:
+        return StateStats(self._round_trips, self._errors, self._degraded_events)
+
+    # -- in-flight accounting --
+
+    async def reserve(self, backend: str, tokens: int) -> Reservation:
+        res = Reservation(id=f"{self.replica_id}-{next(self._ids)}", backend=backend, tokens=max(0, tokens))
+        self._table.add_load(backend, 1, res.tokens)
+        self._reservations[res.id] = res
+        await self._put(backend)
+        return res
+
+    async def release(self, reservation: Reservation) -> None:
+        res = self._reservations.pop(reservation.id, None)
+        if res is not None:
+            self._table.add_load(res.backend, -1, -res.tokens)
+            await self._put(res.backend)
+
+    async def _put(self, backend: str) -> None:
+        self._version[backend] += 1
+        if self._degraded:
+            return  # the next successful SYNC republishes it
+        rec = self._table.records[backend]
+        args: list[str | int] = [self.replica_id, self._ttl_ms(), self._k_load, backend, self._version[backend],
+                                 rec.inflight_requests, rec.inflight_tokens]  # fmt: skip
+        reply = await self._call("PUT", [self._key_self(), self._k_replicas], args)
+        if reply is not None:
+            self._table.set_other_load(backend, int(reply[0]), int(reply[1]))
+
+    # -- health --
+
+    async def should_probe(self, backend: str) -> bool:
+        if backend not in self._table.records:
+            raise ValueError(f"unknown backend {backend!r}")
+        if self._degraded:
+            return True  # better N probes than none
+        won = await self._call("ELECT", [self._k_lease + backend], [self.replica_id, self._probe_lease_ms])
+        return won is None or bool(won)
+
+    async def record_probe(self, backend: str, ok: bool, metrics: ScrapedMetrics | None) -> None:
+        self._table.probe(backend, ok, metrics)
+        if not self._degraded:
+            m = "" if metrics is None else json.dumps(dataclasses.asdict(metrics))
+            await self._call("PUBLISH_PROBE", [self._k_probe + backend], [self.replica_id, int(ok), m])
+
+    async def record_result(
+        self, backend: str, ok: bool, *, ttft_s: float | None = None, tpot_s: float | None = None
+    ) -> None:
+        self._table.result(backend, ok, ttft_s, tpot_s)
+
+    # -- sync --
+
+    async def sync(self) -> bool:
+        """One SYNC round trip (heartbeat, republish, read). False when Redis did not answer."""
+        workers = list(self._table.records.values())
+        args: list[str | int] = [self.replica_id, self._ttl_ms(), self._k_load, self._k_probe, len(workers)]
+        for r in workers:
+            args += [r.name, self._version[r.name], r.inflight_requests, r.inflight_tokens]
+        reply = await self._call("SYNC", [self._key_self(), self._k_replicas], args, while_degraded=True)
+        if reply is None:
+            return False
+        if self._degraded:
+            self._degraded = False
+            log.warning("fleet state: Redis is back; republished this replica's reservations")
+        replicas, probes, now_ms = reply
+        self._apply_load(replicas)
+        for rec, flat in zip(workers, probes, strict=True):
+            self._apply_probe(rec.name, _pairs(flat), int(now_ms))
+        return True
+
+    async def _sync_loop(self) -> None:
+        delay = self._opts.sync_interval_s
+        while True:
+            await asyncio.sleep(delay)
+            ok = await self.sync()
+            delay = self._opts.sync_interval_s if ok else min(MAX_BACKOFF_S, delay * 2)
+
+    def _apply_load(self, replicas: list[list[Any]]) -> None:
+        others: dict[str, dict[str, tuple[int, int]]] = {}
+        for rid, flat in replicas:
+            if rid == self.replica_id:
+                continue
+            h = _pairs(flat)
+            others[rid] = {
+                w: (int(h.get(w + ":r", 0)), int(h.get(w + ":t", 0))) for w in self._table.records if w + ":v" in h
+            }
+        self._others = others
+        for w in self._table.records:
+            loads = [load[w] for load in others.values() if w in load]
+            self._table.set_other_load(w, sum(r for r, _ in loads), sum(t for _, t in loads))
+
+    def _apply_probe(self, backend: str, h: dict[str, str], now_ms: int) -> None:
+        # (seq, at) rather than seq alone: a restarted Redis starts counting again.
+        seen = (h.get("seq", ""), h.get("at", ""))
+        if seen == self._probe_seen.get(backend):
+            return
+        self._probe_seen[backend] = seen
+        if h.get("by") == self.replica_id or "at" not in h:
+            return  # our own probe, applied when it was recorded
+        age_s = max(0.0, (now_ms - int(h["at"])) / 1000.0)
+        if age_s > self._opts.lease_ttl_s:
+            return  # left by a fleet long gone: not evidence about the worker now
+        metrics = _metrics(h["m"]) if h.get("mat") == h["at"] and h.get("m") else None
+        self._table.probe(backend, h.get("ok") == "1", metrics, self._table.clock() - age_s)
+
+    # -- plumbing --
+
+    async def _call(self, script: str, keys: list[str], args: Sequence[str | int], *,
+                    while_degraded: bool = False) -> Any:  # fmt: skip
+        """One round trip; None on any Redis failure (the state turns degraded), never raises."""
+        if self._client is None or (self._degraded and not while_degraded):
+            return None
+        self._round_trips += 1
+        try:
+            async with asyncio.timeout(self._opts.op_timeout_s):
+                return await self._scripts[script](keys=keys, args=args)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._errors += 1
+            if not self._degraded:
+                self._degraded = True
+                self._degraded_events += 1
+                log.warning("fleet state: Redis unreachable (%s); serving on the local view", exc or type(exc).__name__)
+            return None
+
+    def _key_self(self) -> str:
+        return self._k_load + self.replica_id
+
+    def _ttl_ms(self) -> int:
+        return int(self._opts.lease_ttl_s * 1000)
+
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _metrics(raw: str) -> ScrapedMetrics | None:
+    try:
+        data = json.loads(raw)
+        return ScrapedMetrics(**{f.name: data.get(f.name) for f in dataclasses.fields(ScrapedMetrics)})
+    except (ValueError, TypeError, AttributeError):
+        return None

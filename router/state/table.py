@@ -1,0 +1,176 @@
+"""The per-worker records every FleetState keeps locally, and the health rules that update them.
+
+:class:`FleetTable` is shared by ``MemoryFleetState`` and ``RedisFleetState``, so health and
+latency semantics are the same code in both (Redis only adds where the inputs come from: other
+replicas' reservations, and probes published by whichever replica probed the worker).
+
+Health is a small state machine per worker:
+
+* workers start healthy (optimistic), so a fresh gateway serves before the first probe lands;
+* ``eject_after_failures`` consecutive failures eject it — probe failures and proxied-request
+  worker failures count alike, and any success (probe or request) resets the run;
+* once ejected, only probes re-admit it, after ``readmit_after_successes`` consecutive successful
+  probes (an ejected worker gets no traffic, so requests cannot vouch for it).
+
+``snapshot()`` runs on every request, so it does no I/O and no locking (everything happens on one
+event loop and no update awaits midway). Views are cached per worker and rebuilt only when that
+worker's record changed or ``AGE_RESOLUTION_S`` has passed (the ages in a view are that fresh).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from router.config import BackendConfig, HealthConfig
+from router.state.base import ScrapedMetrics
+from router.types import BackendView, FleetSnapshot
+
+log = logging.getLogger("router.state")
+
+EWMA_ALPHA = 0.2  # weight of the newest TTFT/TPOT sample
+AGE_RESOLUTION_S = 0.05  # a cached view's metrics_age_s / last_success_age_s lag by at most this
+
+
+@dataclass(slots=True)
+class WorkerRecord:
+    """Mutable per-worker state; static config fields are copied in once."""
+
+    name: str
+    model: str
+    kv_budget_tokens: int
+    max_model_len: int
+    tags: frozenset[str]
+    healthy: bool = True
+    consecutive_failures: int = 0
+    consecutive_probe_successes: int = 0
+    inflight_requests: int = 0  # this process's own reservations
+    inflight_tokens: int = 0
+    other_requests: int = 0  # other replicas' reservations (shared states only)
+    other_tokens: int = 0
+    metrics: ScrapedMetrics | None = None
+    metrics_at: float | None = None
+    last_success_at: float | None = None
+    ttft_ewma_s: float | None = None
+    tpot_ewma_s: float | None = None
+    view: BackendView | None = None  # cache; every mutator resets it through FleetTable.touch()
+
+
+class FleetTable:
+    """Every configured worker's record, the health rules, and the cached snapshot."""
+
+    def __init__(self, backends: Sequence[BackendConfig], health: HealthConfig, clock: Callable[[], float]) -> None:
+        self.health = health
+        self.clock = clock
+        self.records: dict[str, WorkerRecord] = {
+            b.name: WorkerRecord(b.name, b.model, b.kv_budget_tokens, b.max_model_len, frozenset(b.tags))
+            for b in backends
+        }
+        self.any_probe_ok = False
+        self._views: tuple[BackendView, ...] | None = None  # None: some record changed
+        self._views_at = -math.inf
+
+    def snapshot(self) -> FleetSnapshot:
+        now = self.clock()
+        if now - self._views_at >= AGE_RESOLUTION_S:
+            for r in self.records.values():
+                r.view = None
+            self._views, self._views_at = None, now
+        if self._views is None:
+            self._views = tuple(r.view or _build(r, now) for r in self.records.values())
+        return FleetSnapshot(self._views, now)
+
+    def touch(self, backend: str) -> WorkerRecord:
+        """The record about to change, its cached view dropped."""
+        try:
+            rec = self.records[backend]
+        except KeyError:
+            raise ValueError(f"unknown backend {backend!r}") from None
+        rec.view = None
+        self._views = None
+        return rec
+
+    # -- load --
+
+    def add_load(self, backend: str, requests: int, tokens: int) -> WorkerRecord:
+        rec = self.touch(backend)
+        rec.inflight_requests = max(0, rec.inflight_requests + requests)
+        rec.inflight_tokens = max(0, rec.inflight_tokens + tokens)
+        return rec
+
+    def set_other_load(self, backend: str, requests: int, tokens: int) -> None:
+        rec = self.records.get(backend)
+        if rec is not None and (rec.other_requests, rec.other_tokens) != (requests, tokens):
+            self.touch(backend)
+            rec.other_requests, rec.other_tokens = requests, tokens
+
+    # -- health --
+
+    def probe(self, backend: str, ok: bool, metrics: ScrapedMetrics | None, at: float | None = None) -> None:
+        """Active health: a probe's outcome at ``at`` (default: now)."""
+        rec = self.touch(backend)
+        at = self.clock() if at is None else at
+        if metrics is not None:
+            rec.metrics, rec.metrics_at = metrics, at
+        if not ok:
+            rec.consecutive_probe_successes = 0
+            self._failure(rec, "probe")
+            return
+        self.any_probe_ok = True
+        rec.last_success_at = at if rec.last_success_at is None else max(rec.last_success_at, at)
+        rec.consecutive_failures = 0
+        rec.consecutive_probe_successes += 1
+        if not rec.healthy and rec.consecutive_probe_successes >= self.health.readmit_after_successes:
+            rec.healthy = True
+            log.info("worker %s re-admitted after %d good probes", rec.name, rec.consecutive_probe_successes)
+
+    def result(self, backend: str, ok: bool, ttft_s: float | None, tpot_s: float | None) -> None:
+        """Passive health: a proxied request's outcome and timings."""
+        rec = self.touch(backend)
+        if not ok:
+            rec.consecutive_probe_successes = 0
+            self._failure(rec, "request")
+            return
+        rec.last_success_at = self.clock()
+        rec.consecutive_failures = 0
+        rec.ttft_ewma_s = ewma(rec.ttft_ewma_s, ttft_s)
+        rec.tpot_ewma_s = ewma(rec.tpot_ewma_s, tpot_s)
+
+    def _failure(self, rec: WorkerRecord, source: str) -> None:
+        rec.consecutive_failures += 1
+        if rec.healthy and rec.consecutive_failures >= self.health.eject_after_failures:
+            rec.healthy = False
+            log.warning(
+                "worker %s ejected after %d consecutive failures (last: %s)", rec.name, rec.consecutive_failures, source
+            )
+
+
+def ewma(old: float | None, sample: float | None) -> float | None:
+    if sample is None or not math.isfinite(sample) or sample < 0:
+        return old
+    return sample if old is None else old + EWMA_ALPHA * (sample - old)
+
+
+def _build(r: WorkerRecord, now: float) -> BackendView:
+    m = r.metrics
+    r.view = BackendView(
+        name=r.name,
+        model=r.model,
+        healthy=r.healthy,
+        kv_budget_tokens=r.kv_budget_tokens,
+        max_model_len=r.max_model_len,
+        tags=r.tags,
+        inflight_requests=r.inflight_requests + r.other_requests,
+        inflight_tokens=r.inflight_tokens + r.other_tokens,
+        running=m.running if m else None,
+        waiting=m.waiting if m else None,
+        kv_usage=m.kv_usage if m else None,
+        metrics_age_s=None if r.metrics_at is None else max(0.0, now - r.metrics_at),
+        consecutive_failures=r.consecutive_failures,
+        last_success_age_s=None if r.last_success_at is None else max(0.0, now - r.last_success_at),
+        ttft_ewma_s=r.ttft_ewma_s,
+        tpot_ewma_s=r.tpot_ewma_s,
+    )
+    return r.view

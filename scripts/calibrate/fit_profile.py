@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Fit simulator step-time profiles from the raw H200 probe results (scripts/calibrate/data/).
+
+Every measured point is mapped onto the engine steps vLLM ran for it, giving one feature row each:
+
+* TTFT of one prompt of n tokens (batch 1):  ceil(n/8192) prefill chunks, plus the constant front-end
+  cost ``overhead_s.ttft``:  y = ovh + sum_chunks(base + p*chunk + a*chunk*(start + chunk/2)/1e6);
+* steady decode at batch b (every stream decoding, b <= 128, i.e. inside vLLM's CUDA-graph sizes):
+  one step with decode_seqs = b and decode_context_tokens = b * (prompt + tokens generated so far);
+* a prompt injected into a 32-stream decode batch (the "mix" probe): the decoders' largest inter-token
+  gap is one mixed step: prefill chunk min(L, 8192 - 32) + 32 decoding sequences.
+
+Coefficients are non-negative least squares on relative error (each row and target divided by the
+measurement). Points the linear model cannot express are kept out of the fit and reported against it:
+decode steps of more than 128 sequences (vLLM runs them without CUDA graphs: ~30-45 ms a step on this
+machine, whatever the model). An *extended* fit, with an eager-step indicator (step > 128 tokens) and a
+front-end cost per prompt token, is stored in each profile's ``raw.extended_fit`` for a future simulator.
+
+    python scripts/calibrate/fit_profile.py                # writes backends/sim/profiles/h200-*.json
+    python scripts/calibrate/fit_profile.py --dry-run      # print the fit only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import nnls
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).resolve().parent / "data"
+PROFILES = ROOT / "backends" / "sim" / "profiles"
+MODELS = {"qwen2.5-0.5b": 0.45, "qwen2.5-1.5b": 0.60, "qwen2.5-7b": 0.78, "qwen2.5-14b": 0.85}
+BUDGET = 8192            # max_num_batched_tokens (vLLM default on a >= 70 GiB GPU)
+GRAPH_MAX = 128          # --max-cudagraph-capture-size
+FEATURES = ("base", "prefill_tokens", "decode_seqs", "decode_context_tokens", "prefill_attn_mtok2")
+COLS = (*FEATURES, "ovh_ttft")
+EXT_COLS = (*COLS, "eager_step", "ttft_per_prompt_token")
+
+
+def prefill_steps(n: int, start: int = 0, budget: int = BUDGET) -> list[tuple[int, int]]:
+    """(chunk_start, chunk_len) of each chunked-prefill step of an n-token prompt alone on the engine."""
+    out, pos = [], start
+    while pos < n:
+        c = min(budget, n - pos)
+        out.append((pos, c))
+        pos += c
+    return out
+
+
+def row(**kw: float) -> dict[str, float]:
+    return {c: float(kw.get(c, 0.0)) for c in EXT_COLS}
+
+
+def build_rows(d: dict) -> list[dict]:
+    rows = []
+    for t in d.get("ttft", []):
+        if not (isinstance(t.get("ttft_ms"), float) and math.isfinite(t["ttft_ms"])):
+            continue
+        n = t["prompt"]
+        chunks = prefill_steps(n)
+        r = row(base=len(chunks), prefill_tokens=n, prefill_attn_mtok2=sum(c * (s + c / 2) for s, c in chunks) / 1e6,
+                ovh_ttft=1, eager_step=sum(1 for _, c in chunks if c > GRAPH_MAX), ttft_per_prompt_token=n)
+        rows.append({"kind": "ttft", "key": f"ttft p{n}", "x": r, "y": t["ttft_ms"] / 1e3, "fit": True})
+    for t in d.get("tpot", []):
+        st = t.get("steady")
+        if not st or not st.get("step_ms"):
+            continue
+        b = t["batch"]
+        r = row(base=1, decode_seqs=b, decode_context_tokens=b * st["ctx_mid"], eager_step=int(b > GRAPH_MAX))
+        rows.append({"kind": "decode", "key": f"decode b{b} p{t['prompt']}", "x": r, "y": st["step_ms"] / 1e3,
+                     "fit": b <= GRAPH_MAX})
+    mix = d.get("mix") or {}
+    for inj in mix.get("inject", []):
+        if not inj.get("max_gap_ms"):
+            continue
+        b, L = mix["batch"], inj["prompt"]
+        c = min(L, BUDGET - b)
+        r = row(base=1, prefill_tokens=c, prefill_attn_mtok2=c * c / 2 / 1e6, decode_seqs=b,
+                decode_context_tokens=b * inj["ctx_at_gap"], eager_step=int(c + b > GRAPH_MAX))
+        rows.append({"kind": "mix", "key": f"mix b{b}+p{L}", "x": r, "y": inj["max_gap_ms"] / 1e3, "fit": True})
+    sat = (d.get("saturation") or {}).get("stream") or {}
+    st = sat.get("steady")
+    if st and st.get("step_ms"):
+        b = sat["streams"]
+        r = row(base=1, decode_seqs=b, decode_context_tokens=b * st["ctx_mid"], eager_step=int(b > GRAPH_MAX))
+        rows.append({"kind": "decode", "key": f"decode b{b} p{sat['prompt']} (eager)", "x": r,
+                     "y": st["step_ms"] / 1e3, "fit": b <= GRAPH_MAX})
+    return rows
+
+
+def fit(rows: list[dict], cols: tuple[str, ...], use_all: bool = False) -> np.ndarray:
+    fr = [r for r in rows if r["fit"] or use_all]
+    A = np.array([[r["x"][c] for c in cols] for r in fr])
+    y = np.array([r["y"] for r in fr])
+    w = 1.0 / y  # relative error
+    # balance the groups so that the 10 decode points do not outvote the 2 mixed-step points
+    kinds = [r["kind"] for r in fr]
+    for k in set(kinds):
+        idx = [i for i, kk in enumerate(kinds) if kk == k]
+        w[idx] *= 1.0 / math.sqrt(len(idx))
+    coef, _ = nnls(A * w[:, None], y * w)
+    return coef
+
+
+def predict(r: dict, coef: np.ndarray, cols: tuple[str, ...]) -> float:
+    return float(sum(coef[i] * r["x"][c] for i, c in enumerate(cols)))
+
+
+def compact_raw(d: dict) -> dict:
+    """The measured points a profile keeps (small)."""
+    out: dict = {"warmup": d.get("warmup")}
+    out["ttft"] = [{k: t.get(k) for k in ("prompt", "ttft_ms", "ttft_ms_all", "server_ttft_ms", "server_prefill_ms")}
+                   for t in d.get("ttft", []) if t.get("ttft_ms") == t.get("ttft_ms")]
+    out["tpot"] = [{"prompt": t["prompt"], "batch": t["batch"], "out": t["out"], "tpot_ms_p50": t["tpot_ms_p50"],
+                    "tpot_ms_p90": t["tpot_ms_p90"], "ttft_ms_p50": t["ttft_ms_p50"], "ttft_ms_max": t["ttft_ms_max"],
+                    "makespan_s": t["makespan_s"], "out_tok_s": t["out_tok_s"],
+                    "steady_step_ms": (t.get("steady") or {}).get("step_ms"),
+                    "steady_ctx_mid": (t.get("steady") or {}).get("ctx_mid"),
+                    "engine_steps": t["metrics_delta"].get("vllm:iteration_tokens_total_count"),
+                    "chunks_per_token": t["chunks_per_token"]} for t in d.get("tpot", [])]
+    if d.get("mix"):
+        out["mix"] = {k: v for k, v in d["mix"].items() if k != "metrics_delta"}
+    if d.get("saturation"):
+        out["saturation"] = {m: {k: v for k, v in s.items() if k not in ("metrics_delta",)}
+                             for m, s in d["saturation"].items()}
+        for m, s in d["saturation"].items():
+            out["saturation"][m]["engine_steps"] = s["metrics_delta"].get("vllm:iteration_tokens_total_count")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=str(DATA))
+    ap.add_argument("--out-dir", default=str(PROFILES))
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args()
+    data = Path(a.data)
+    summary = json.loads((data / "summary.json").read_text())
+    kvsmall = json.loads((data / "probe-kvsmall.json").read_text()) if (data / "probe-kvsmall.json").exists() else {}
+    report = {}
+    for model, quality in MODELS.items():
+        d = json.loads((data / f"probe-{model}.json").read_text())
+        rows = build_rows(d)
+        coef = fit(rows, COLS)
+        ext = fit(rows, EXT_COLS, use_all=True)
+        print(f"\n== {model}")
+        print("  " + "  ".join(f"{c}={v:.4g}" for c, v in zip(COLS, coef, strict=True)))
+        print(f"  {'point':28s} {'measured ms':>11s} {'fit ms':>9s} {'err':>7s}   {'ext fit':>8s} {'err':>7s}")
+        errs, eerrs, fit_rows = [], [], []
+        for r in rows:
+            p, pe = predict(r, coef, COLS), predict(r, ext, EXT_COLS)
+            e, ee = (p - r["y"]) / r["y"], (pe - r["y"]) / r["y"]
+            if r["fit"]:
+                errs.append(abs(e))
+            eerrs.append(abs(ee))
+            print(f"  {r['key']:28s} {r['y'] * 1e3:11.2f} {p * 1e3:9.2f} {e:+7.1%}   {pe * 1e3:8.2f} {ee:+7.1%}"
+                  + ("" if r["fit"] else "  (not fitted)"))
+            fit_rows.append({"point": r["key"], "measured_ms": round(r["y"] * 1e3, 3), "fit_ms": round(p * 1e3, 3),
+                             "rel_err": round(e, 4), "in_fit": r["fit"], "extended_fit_ms": round(pe * 1e3, 3)})
+        print(f"  fit: mean |err| {np.mean(errs):.1%}, max {np.max(errs):.1%} over {len(errs)} fitted points; "
+              f"extended fit (all points): mean {np.mean(eerrs):.1%}, max {np.max(eerrs):.1%}")
+        kv = summary["workers"].get(model, {}).get("kv_tokens")
+        step = {c: float(f"{v:.4g}") for c, v in zip(FEATURES, coef[:5], strict=True)}
+        prof = {
+            "name": f"h200-{model}", "model": model, "quality": quality,
+            "kv_budget_tokens": kv, "block_size": 16, "max_num_seqs": 1024, "max_num_batched_tokens": BUDGET,
+            "max_model_len": 16384,
+            "step_time_s": step,
+            "overhead_s": {"ttft": float(f"{coef[5]:.4g}")},
+            "provenance": {"status": "measured", "date": d["meta"]["started"][:10], "vllm": "0.26.0",
+                           "gpu": "NVIDIA H200",
+                           "flags": f"--model /tmp/models/{model} --load-format dummy --dtype bfloat16 "
+                                    + summary["flags"].split("--load-format dummy --dtype bfloat16 ", 1)[-1]
+                                    + " (defaults: max_num_seqs 1024, max_num_batched_tokens 8192, chunked "
+                                      "prefill, prefix caching, async scheduling, CUDA graphs FULL_AND_PIECEWISE "
+                                      "sizes 1..128)",
+                           "script": "scripts/calibrate/run_h200.sh + probe.py; fit: scripts/calibrate/fit_profile.py",
+                           "fit": {"mean_abs_rel_err": round(float(np.mean(errs)), 4),
+                                   "max_abs_rel_err": round(float(np.max(errs)), 4), "points": len(errs)}},
+            "raw": {
+                "fit_rows": fit_rows,
+                "extended_fit": {
+                    "note": "same features plus eager_step (1 per step of more than 128 scheduled tokens: vLLM runs "
+                            "those without CUDA graphs) and ttft_per_prompt_token (front-end tokenization and "
+                            "prefix-hashing, client-visible but outside the engine step); fitted on all points, "
+                            "including decode batches above 128; not read by the simulator yet",
+                    "coef": {c: float(f"{v:.4g}") for c, v in zip(EXT_COLS, ext, strict=True)},
+                    "mean_abs_rel_err": round(float(np.mean(eerrs)), 4)},
+                "points": compact_raw(d),
+            },
+        }
+        if model == "qwen2.5-0.5b" and kvsmall.get("kv"):
+            k = kvsmall["kv"]
+            prof["raw"]["kv_pressure"] = {kk: v for kk, v in k.items() if kk not in ("metrics_delta", "cache_config")}
+            prof["raw"]["kv_pressure"]["flags"] = summary.get("small_kv_flags")
+        report[model] = prof
+        if not a.dry_run:
+            p = Path(a.out_dir) / f"h200-{model}.json"
+            p.write_text(json.dumps(prof, indent=1) + "\n")
+            print(f"  wrote {p.relative_to(ROOT) if p.is_relative_to(ROOT) else p} ({p.stat().st_size // 1024} KB)")
+
+
+if __name__ == "__main__":
+    main()

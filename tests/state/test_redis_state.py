@@ -1,0 +1,168 @@
+"""What only the Redis state does: replicas sharing load and probes, leases, election, outages."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from router.config import HealthConfig
+from router.state.base import ScrapedMetrics
+from router.state.options import RedisOptions
+from router.state.redis_state import RedisFleetState
+from tests.redisutil import SHARED_URL, RedisServer, private_redis, redis_prefix
+from tests.state.test_memory_state import BACKENDS
+
+__all__ = ["private_redis", "redis_prefix"]  # fixtures
+
+HEALTH = HealthConfig(eject_after_failures=2, probe_interval_s=0.2)
+Make = Callable[..., Awaitable[RedisFleetState]]
+
+
+@pytest.fixture
+async def replicas(redis_prefix: str) -> AsyncIterator[Make]:
+    """``make(url=..., **options)`` → a started replica on the test's prefix; all closed afterwards."""
+    made: list[RedisFleetState] = []
+
+    async def make(url: str = SHARED_URL, **options: float | str) -> RedisFleetState:
+        opts = {"sync_interval_s": 0.05, **options}
+        st = RedisFleetState(BACKENDS, HEALTH, RedisOptions(url, prefix=redis_prefix, **opts))  # type: ignore[arg-type]
+        await st.start()
+        made.append(st)
+        return st
+
+    yield make
+    for st in made:
+        await st.close()
+
+
+def load(st: RedisFleetState, name: str) -> tuple[int, int]:
+    v = st.snapshot().by_name(name)
+    assert v is not None
+    return v.inflight_requests, v.inflight_tokens
+
+
+async def eventually(check: Callable[[], bool], within: float = 3.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_replicas_see_each_others_reservations(replicas: Make) -> None:
+    a, b = await replicas(), await replicas()
+    r1 = await a.reserve("a", 100)
+    await a.reserve("b", 7)
+    r3 = await b.reserve("a", 10)  # the reply carries A's numbers for worker a at once
+    assert load(b, "a") == (2, 110)
+    await eventually(lambda: load(a, "a") == (2, 110) and load(b, "b") == (1, 7))
+    ids = {r.id: (r.inflight_requests, r.inflight_tokens, r.is_self) for r in b.replicas()}
+    assert ids == {b.replica_id: (1, 10, True), a.replica_id: (2, 107, False)}
+    await a.release(r1)
+    await b.release(r3)
+    await eventually(lambda: load(a, "a") == (0, 0) and load(b, "a") == (0, 0))
+    assert a.stats().round_trips > 0 and a.stats().errors == 0
+
+
+async def test_clean_shutdown_drops_reservations_at_once(replicas: Make) -> None:
+    a, b = await replicas(), await replicas(lease_ttl_s=30.0)
+    await b.reserve("a", 500)
+    await eventually(lambda: load(a, "a") == (1, 500))
+    await b.close()
+    await eventually(lambda: load(a, "a") == (0, 0), within=1.0)
+    assert [r.id for r in a.replicas()] == [a.replica_id]
+
+
+async def test_one_replica_probes_each_worker_and_all_apply_its_probes(
+    replicas: Make,
+) -> None:
+    a, b = await replicas(), await replicas()
+    assert await a.should_probe("a") and await a.should_probe("a")  # the holder keeps it
+    assert not await b.should_probe("a")
+    assert await b.should_probe("b")  # elected per worker
+    await a.record_probe("a", True, ScrapedMetrics(running=3, waiting=1, kv_usage=0.25))
+    await eventually(lambda: (v := b.snapshot().by_name("a")) is not None and v.running == 3)
+    v = b.snapshot().by_name("a")
+    assert v is not None and v.kv_usage == 0.25 and v.metrics_age_s is not None and v.metrics_age_s < 1.0
+    assert b.any_probe_ok()
+    for _ in range(2):
+        await a.record_probe("a", False, None)
+        await asyncio.sleep(0.15)  # each published probe is applied once by every replica
+    await eventually(lambda: not b.snapshot().backends[0].healthy)
+    assert b.snapshot().backends[0].consecutive_failures == 2
+    await a.close()  # the goodbye frees its probe leases
+    assert await b.should_probe("a")
+
+
+async def test_killed_replica_leaks_nothing_after_its_ttl(replicas: Make, redis_prefix: str) -> None:
+    a = await replicas()
+    child = f"""
+import asyncio, sys
+from router.config import HealthConfig
+from router.state.options import RedisOptions
+from router.state.redis_state import RedisFleetState
+from tests.state.test_memory_state import BACKENDS
+async def main():
+    st = RedisFleetState(BACKENDS, HealthConfig(), RedisOptions({SHARED_URL!r}, prefix={redis_prefix!r},
+                         lease_ttl_s=0.8, sync_interval_s=0.05))
+    await st.start()
+    for _ in range(5):
+        await st.reserve("a", 1000)
+    print("ready", flush=True)
+    await asyncio.sleep(60)
+asyncio.run(main())
+"""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", child, stdout=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert (await proc.stdout.readline()).strip() == b"ready"
+        await eventually(lambda: load(a, "a") == (5, 5000))
+        os.kill(proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        await eventually(lambda: load(a, "a") == (0, 0), within=3.0)
+        assert time.monotonic() - killed < 0.8 + 0.5
+        assert [r.id for r in a.replicas()] == [a.replica_id]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+async def test_outage_serves_locally_then_reconciles(private_redis: RedisServer, replicas: Make) -> None:
+    a = await replicas(private_redis.url, op_timeout_s=0.05, lease_ttl_s=5.0)
+    r1 = await a.reserve("a", 100)
+    private_redis.stop()
+    t0 = time.monotonic()
+    r2 = await a.reserve("a", 50)  # the first call to notice waits at most op_timeout_s
+    r3 = await a.reserve("b", 5)
+    await a.release(r1)
+    assert time.monotonic() - t0 < 0.5
+    assert a.degraded and a.stats().degraded_events == 1 and a.stats().errors >= 1
+    assert load(a, "a") == (1, 50) and load(a, "b") == (1, 5)  # the local view keeps serving
+    assert await a.should_probe("a")  # degraded: probe for yourself
+    private_redis.start()  # same port, empty: the reconcile must republish everything
+    await eventually(lambda: not a.degraded, within=5.0)
+    b = await replicas(private_redis.url)
+    assert load(b, "a") == (1, 50) and load(b, "b") == (1, 5)
+    await a.release(r2)
+    await a.release(r3)
+    await eventually(lambda: load(b, "a") == (0, 0) and load(b, "b") == (0, 0))
+    assert a.stats().degraded_events == 1
+
+
+async def test_unreachable_at_start_comes_up_degraded(redis_prefix: str) -> None:
+    srv = RedisServer()  # never started: nothing listens on its port
+    st = RedisFleetState(BACKENDS, HEALTH, RedisOptions(srv.url, prefix=redis_prefix, op_timeout_s=0.05))
+    await st.start()
+    try:
+        assert st.degraded
+        r = await st.reserve("a", 10)
+        assert load(st, "a") == (1, 10)
+        await st.release(r)
+    finally:
+        await st.close()
