@@ -54,40 +54,52 @@ def row(**kw: float) -> dict[str, float]:
     return {c: float(kw.get(c, 0.0)) for c in EXT_COLS}
 
 
-def build_rows(d: dict) -> list[dict]:
+def ttft_row(n: int, y_ms: float, key: str) -> dict:
+    chunks = prefill_steps(n)
+    r = row(base=len(chunks), prefill_tokens=n, prefill_attn_mtok2=sum(c * (s + c / 2) for s, c in chunks) / 1e6,
+            ovh_ttft=1, eager_step=sum(1 for _, c in chunks if c > GRAPH_MAX), ttft_per_prompt_token=n)
+    return {"kind": "ttft", "key": key, "x": r, "y": y_ms / 1e3, "fit": True}
+
+
+def decode_row(b: int, ctx_mid: float, y_ms: float, key: str) -> dict:
+    r = row(base=1, decode_seqs=b, decode_context_tokens=b * ctx_mid, eager_step=int(b > GRAPH_MAX))
+    return {"kind": "decode", "key": key + (" (eager)" if b > GRAPH_MAX else ""), "x": r, "y": y_ms / 1e3,
+            "fit": b <= GRAPH_MAX}
+
+
+def build_rows(runs: list[dict]) -> list[dict]:
+    """Feature rows of every measured point of one model (run 1: probe-*.json, run 2: probe2-*.json)."""
     rows = []
-    for t in d.get("ttft", []):
-        if not (isinstance(t.get("ttft_ms"), float) and math.isfinite(t["ttft_ms"])):
-            continue
-        n = t["prompt"]
-        chunks = prefill_steps(n)
-        r = row(base=len(chunks), prefill_tokens=n, prefill_attn_mtok2=sum(c * (s + c / 2) for s, c in chunks) / 1e6,
-                ovh_ttft=1, eager_step=sum(1 for _, c in chunks if c > GRAPH_MAX), ttft_per_prompt_token=n)
-        rows.append({"kind": "ttft", "key": f"ttft p{n}", "x": r, "y": t["ttft_ms"] / 1e3, "fit": True})
-    for t in d.get("tpot", []):
-        st = t.get("steady")
-        if not st or not st.get("step_ms"):
-            continue
-        b = t["batch"]
-        r = row(base=1, decode_seqs=b, decode_context_tokens=b * st["ctx_mid"], eager_step=int(b > GRAPH_MAX))
-        rows.append({"kind": "decode", "key": f"decode b{b} p{t['prompt']}", "x": r, "y": st["step_ms"] / 1e3,
-                     "fit": b <= GRAPH_MAX})
-    mix = d.get("mix") or {}
-    for inj in mix.get("inject", []):
-        if not inj.get("max_gap_ms"):
-            continue
-        b, L = mix["batch"], inj["prompt"]
-        c = min(L, BUDGET - b)
-        r = row(base=1, prefill_tokens=c, prefill_attn_mtok2=c * c / 2 / 1e6, decode_seqs=b,
-                decode_context_tokens=b * inj["ctx_at_gap"], eager_step=int(c + b > GRAPH_MAX))
-        rows.append({"kind": "mix", "key": f"mix b{b}+p{L}", "x": r, "y": inj["max_gap_ms"] / 1e3, "fit": True})
-    sat = (d.get("saturation") or {}).get("stream") or {}
-    st = sat.get("steady")
-    if st and st.get("step_ms"):
-        b = sat["streams"]
-        r = row(base=1, decode_seqs=b, decode_context_tokens=b * st["ctx_mid"], eager_step=int(b > GRAPH_MAX))
-        rows.append({"kind": "decode", "key": f"decode b{b} p{sat['prompt']} (eager)", "x": r,
-                     "y": st["step_ms"] / 1e3, "fit": b <= GRAPH_MAX})
+    for i, d in enumerate(runs, 1):
+        for t in d.get("ttft", []):
+            if isinstance(t.get("ttft_ms"), float) and math.isfinite(t["ttft_ms"]):
+                rows.append(ttft_row(t["prompt"], t["ttft_ms"], f"r{i} ttft p{t['prompt']}"))
+        for t in d.get("psweep", []):
+            if not t.get("as_ids") and math.isfinite(t["ttft_ms"]):
+                rows.append(ttft_row(t["prompt"], t["ttft_ms"], f"r{i} ttft p{t['prompt']}"))
+        for t in d.get("tpot", []):
+            st = t.get("steady")
+            if st and st.get("step_ms"):
+                rows.append(decode_row(t["batch"], st["ctx_mid"], st["step_ms"], f"r{i} decode b{t['batch']} p{t['prompt']}"))
+        for t in d.get("dsweep", []):
+            if t.get("steady_step_ms"):
+                rows.append(decode_row(t["batch"], t["steady_ctx_mid"], t["steady_step_ms"],
+                                       f"r{i}.{t['rep']} decode b{t['batch']} p{t['prompt']}"))
+        mix = d.get("mix") or {}
+        for inj in mix.get("inject", []):
+            if not inj.get("max_gap_ms"):
+                continue
+            b, L = mix["batch"], inj["prompt"]
+            c = min(L, BUDGET - b)
+            r = row(base=1, prefill_tokens=c, prefill_attn_mtok2=c * c / 2 / 1e6, decode_seqs=b,
+                    decode_context_tokens=b * inj["ctx_at_gap"], eager_step=int(c + b > GRAPH_MAX))
+            rows.append({"kind": "mix", "key": f"r{i} mix b{b}+p{L}", "x": r, "y": inj["max_gap_ms"] / 1e3,
+                         "fit": True})
+        st = ((d.get("saturation") or {}).get("stream") or {}).get("steady")
+        if st and st.get("step_ms"):
+            sat = d["saturation"]["stream"]
+            rows.append(decode_row(sat["streams"], st["ctx_mid"], st["step_ms"],
+                                   f"r{i} decode b{sat['streams']} p{sat['prompt']}"))
     return rows
 
 
@@ -109,25 +121,29 @@ def predict(r: dict, coef: np.ndarray, cols: tuple[str, ...]) -> float:
     return float(sum(coef[i] * r["x"][c] for i, c in enumerate(cols)))
 
 
-def compact_raw(d: dict) -> dict:
-    """The measured points a profile keeps (small)."""
-    out: dict = {"warmup": d.get("warmup")}
-    out["ttft"] = [{k: t.get(k) for k in ("prompt", "ttft_ms", "ttft_ms_all", "server_ttft_ms", "server_prefill_ms")}
-                   for t in d.get("ttft", []) if t.get("ttft_ms") == t.get("ttft_ms")]
-    out["tpot"] = [{"prompt": t["prompt"], "batch": t["batch"], "out": t["out"], "tpot_ms_p50": t["tpot_ms_p50"],
-                    "tpot_ms_p90": t["tpot_ms_p90"], "ttft_ms_p50": t["ttft_ms_p50"], "ttft_ms_max": t["ttft_ms_max"],
-                    "makespan_s": t["makespan_s"], "out_tok_s": t["out_tok_s"],
-                    "steady_step_ms": (t.get("steady") or {}).get("step_ms"),
-                    "steady_ctx_mid": (t.get("steady") or {}).get("ctx_mid"),
-                    "engine_steps": t["metrics_delta"].get("vllm:iteration_tokens_total_count"),
-                    "chunks_per_token": t["chunks_per_token"]} for t in d.get("tpot", [])]
-    if d.get("mix"):
-        out["mix"] = {k: v for k, v in d["mix"].items() if k != "metrics_delta"}
-    if d.get("saturation"):
-        out["saturation"] = {m: {k: v for k, v in s.items() if k not in ("metrics_delta",)}
-                             for m, s in d["saturation"].items()}
-        for m, s in d["saturation"].items():
-            out["saturation"][m]["engine_steps"] = s["metrics_delta"].get("vllm:iteration_tokens_total_count")
+def compact_points(runs: list[dict]) -> dict:
+    """The measured points a profile keeps (a few KB; the full results stay in scripts/calibrate/data/)."""
+    d = runs[0]
+    r2 = runs[1] if len(runs) > 1 else {}
+    r = lambda x: None if x is None else round(x, 3)  # noqa: E731
+    out: dict = {"first_request_ttft_ms": r((d.get("warmup") or {}).get("first_request_ttft_ms"))}
+    out["ttft_ms"] = {str(t["prompt"]): r(t["ttft_ms"]) for t in d.get("ttft", []) if t.get("ttft_ms") == t.get("ttft_ms")}
+    out["server_ttft_ms"] = {str(t["prompt"]): r(t["server_ttft_ms"]) for t in d.get("ttft", []) if t.get("server_ttft_ms")}
+    out["psweep_ttft_ms"] = {str(t["prompt"]) + ("ids" if t["as_ids"] else ""): r(t["ttft_ms"]) for t in r2.get("psweep", [])}
+    out["tpot"] = {"columns": ["prompt", "batch", "tpot_ms_p50", "steady_step_ms", "ttft_ms_p50", "out_tok_s",
+                               "makespan_s", "engine_steps"],
+                   "rows": [[t["prompt"], t["batch"], r(t["tpot_ms_p50"]), r((t.get("steady") or {}).get("step_ms")),
+                             r(t["ttft_ms_p50"]), r(t["out_tok_s"]), r(t["makespan_s"]),
+                             t["metrics_delta"].get("vllm:iteration_tokens_total_count")] for t in d.get("tpot", [])]}
+    out["dsweep"] = {"columns": ["rep", "prompt", "batch", "steady_step_ms", "server_itl_ms"],
+                     "rows": [[t["rep"], t["prompt"], t["batch"], r(t["steady_step_ms"]), r(t["server_itl_ms"])]
+                              for t in r2.get("dsweep", [])]}
+    out["mix"] = [{"batch": m["batch"], "decode_out": m["decode_out"], "baseline_itl_ms": r(m["baseline_itl_ms"]),
+                   "inject": [{k: (r(v) if isinstance(v, float) else v) for k, v in i.items()} for i in m["inject"]]}
+                  for m in (d.get("mix"), r2.get("mix")) if m]
+    out["saturation"] = {m: {k: (r(v) if isinstance(v, float) else v) for k, v in s.items()
+                             if k in ("streams", "prompt", "out", "makespan_s", "out_tok_s", "e2e_s_p50", "e2e_s_p99")}
+                         for m, s in (d.get("saturation") or {}).items()}
     return out
 
 
@@ -143,7 +159,8 @@ def main() -> None:
     report = {}
     for model, quality in MODELS.items():
         d = json.loads((data / f"probe-{model}.json").read_text())
-        rows = build_rows(d)
+        runs = [d] + [json.loads(f.read_text()) for f in sorted(data.glob(f"probe2-{model}.json"))]
+        rows = build_rows(runs)
         coef = fit(rows, COLS)
         ext = fit(rows, EXT_COLS, use_all=True)
         print(f"\n== {model}")
@@ -181,20 +198,24 @@ def main() -> None:
                            "fit": {"mean_abs_rel_err": round(float(np.mean(errs)), 4),
                                    "max_abs_rel_err": round(float(np.max(errs)), 4), "points": len(errs)}},
             "raw": {
-                "fit_rows": fit_rows,
+                "source": f"scripts/calibrate/data/probe-{model}.json (run 1), probe2-{model}.json (run 2)",
+                "points": compact_points(runs),
+                "fit_rows": {"columns": ["point", "measured_ms", "fit_ms", "rel_err", "in_fit", "extended_fit_ms"],
+                             "rows": [[r["point"], r["measured_ms"], r["fit_ms"], r["rel_err"], r["in_fit"],
+                                       r["extended_fit_ms"]] for r in fit_rows]},
                 "extended_fit": {
                     "note": "same features plus eager_step (1 per step of more than 128 scheduled tokens: vLLM runs "
                             "those without CUDA graphs) and ttft_per_prompt_token (front-end tokenization and "
-                            "prefix-hashing, client-visible but outside the engine step); fitted on all points, "
-                            "including decode batches above 128; not read by the simulator yet",
+                            "request processing, client-visible but outside the engine step); fitted on all "
+                            "points, decode batches above 128 included; not read by the simulator yet",
                     "coef": {c: float(f"{v:.4g}") for c, v in zip(EXT_COLS, ext, strict=True)},
                     "mean_abs_rel_err": round(float(np.mean(eerrs)), 4)},
-                "points": compact_raw(d),
             },
         }
         if model == "qwen2.5-0.5b" and kvsmall.get("kv"):
             k = kvsmall["kv"]
-            prof["raw"]["kv_pressure"] = {kk: v for kk, v in k.items() if kk not in ("metrics_delta", "cache_config")}
+            prof["raw"]["kv_pressure"] = {kk: v for kk, v in k.items()
+                                          if kk not in ("metrics_delta", "cache_config", "polls")}
             prof["raw"]["kv_pressure"]["flags"] = summary.get("small_kv_flags")
         report[model] = prof
         if not a.dry_run:

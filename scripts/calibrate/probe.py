@@ -146,7 +146,7 @@ def parse_metrics(text: str) -> dict[str, float]:
     """vllm:* samples summed over label sets, except histogram buckets, which keep their ``le``."""
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith("vllm:"):
+        if not line.startswith(("vllm:", "sim:")):
             continue
         m = _SAMPLE.match(line)
         if not m:
@@ -407,7 +407,7 @@ class Probe:
     def phase_tpot(self) -> None:
         out = []
         for p in TPOT_PROMPTS:
-            for b in TPOT_BATCHES:
+            for b in self.a.batches:
                 if b > self.a.max_batch:
                     continue
                 rs, d = self.batch([self.spec(p, self.a.tpot_out) for _ in range(b)])
@@ -579,6 +579,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-model-len", type=int, default=16384)
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--tpot-out", type=int, default=128)
+    ap.add_argument("--batches", default=",".join(map(str, TPOT_BATCHES)), help="tpot batch sizes")
     ap.add_argument("--mix-batch", type=int, default=32)
     ap.add_argument("--mix-out", type=int, default=0, help="decode length of the mix streams (0: ~3 s of decode)")
     ap.add_argument("--mix-inject", default="2048,8192")
@@ -604,6 +605,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"unknown phase(s) {bad}")
     a.mix_inject = [int(x) for x in a.mix_inject.split(",") if x]
     a.mix_at = [float(x) for x in a.mix_at.split(",") if x]
+    a.batches = [int(x) for x in a.batches.split(",") if x]
     Probe(a).run()
 
 
