@@ -153,17 +153,28 @@ def round_trips(urls: list[str]) -> float:
     return total
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def throughput(args: argparse.Namespace, replicas: int, state: str, tmp: Path) -> dict[str, Any]:
     with processes() as procs:
         worker = start_worker(procs, 0.0)
         urls = start_gateways(procs, replicas, worker, state, tmp)
+        gateways = [p.pid for p in procs[1:]]
         asyncio.run(closed_loop(urls, args.concurrency, 1.0))  # warm up connections and scripts
-        rt0 = round_trips(urls)
+        rt0, cpu0 = round_trips(urls), cpu_seconds(gateways)
         ok, errors, secs = asyncio.run(closed_loop(urls, args.concurrency, args.duration))
-        rt = round_trips(urls) - rt0
+        rt, cpu = round_trips(urls) - rt0, cpu_seconds(gateways) - cpu0
     per_request = rt / ok if ok and state != "memory" else None
     return {"replicas": replicas, "state": state.split("?")[0], "requests": ok, "errors": errors,
-            "rps": ok / secs, "redis_round_trips_per_request": per_request}  # fmt: skip
+            "rps": ok / secs, "redis_round_trips_per_request": per_request,
+            "gateway_cpu_ms_per_request": 1000 * cpu / ok if ok else None}  # fmt: skip
 
 
 def kill_mid_load(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -234,6 +245,7 @@ def main() -> None:
             for r in rows:
                 rt = r["redis_round_trips_per_request"]
                 print(f"run {run}: {r['replicas']} x {r['state']:<28} {r['rps']:8.1f} req/s  errors {r['errors']}"
+                      f"  gateway CPU {r['gateway_cpu_ms_per_request']:.2f} ms/request"
                       f"  redis round trips/request {'-' if rt is None else f'{rt:.2f}'}")  # fmt: skip
             print(f"run {run}: SIGKILL mid-load: {json.dumps(kill)}")
     if args.out:

@@ -122,3 +122,17 @@ def gateway_server() -> Iterator[Callable[..., ServerThread]]:
     yield start
     for srv in started:
         srv.stop()
+
+
+@pytest.fixture
+def fake_server() -> Iterator[Callable[[Any], ServerThread]]:
+    started: list[ServerThread] = []
+
+    def start(worker: Any) -> ServerThread:
+        srv = ServerThread(worker, log_level="critical").start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -19,20 +19,6 @@ from tests.e2e.fakes import FakeWorker
 USER = [{"role": "user", "content": "hello"}]
 Gw = Callable[..., ServerThread]
 FAST = {"connect_s": 0.5, "first_byte_s": 0.5, "between_chunks_s": 0.4, "response_s": 0.5}
-
-
-@pytest.fixture
-def fake_server() -> Iterator[Callable[[FakeWorker], ServerThread]]:
-    started: list[ServerThread] = []
-
-    def start(worker: FakeWorker) -> ServerThread:
-        srv = ServerThread(worker, log_level="critical").start()
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        srv.stop()
 
 
 def _gateway(gateway_server: Gw, urls: list[str], **gateway: Any) -> ServerThread:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +22,6 @@ from tests.e2e.fakes import FakeWorker
 
 USER = [{"role": "user", "content": "a secret prompt text"}]
 Gw = Callable[..., ServerThread]
-
-
-@pytest.fixture
-def fake_server() -> Iterator[Callable[[FakeWorker], ServerThread]]:
-    started: list[ServerThread] = []
-
-    def start(worker: FakeWorker) -> ServerThread:
-        srv = ServerThread(worker, log_level="critical").start()
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        srv.stop()
 
 
 def _sdk(url: str, key: str = "none", **kw: Any) -> openai.OpenAI:
@@ -185,8 +171,16 @@ def test_agent_resolution_without_keys(gateway_server: Gw, fake_server: Any) -> 
 def test_fleet_metrics_ready_and_request_log(gateway_server: Gw, two_models: Any, tmp_path: Path) -> None:
     cfg = two_models[2]
     log = tmp_path / "requests.jsonl"
-    cfg = cfg.model_copy(update={"gateway": cfg.gateway.model_copy(update={
-        "request_log": str(log), "health": cfg.gateway.health.model_copy(update={"probe_interval_s": 0.05})})})
+    cfg = cfg.model_copy(
+        update={
+            "gateway": cfg.gateway.model_copy(
+                update={
+                    "request_log": str(log),
+                    "health": cfg.gateway.health.model_copy(update={"probe_interval_s": 0.05}),
+                }
+            )
+        }
+    )
     gw = gateway_server(cfg, probe=True)
     deadline = time.monotonic() + 5
     while httpx.get(gw.url + "/ready").status_code != 200:
@@ -203,8 +197,20 @@ def test_fleet_metrics_ready_and_request_log(gateway_server: Gw, two_models: Any
     assert fleet["state"] == "memory"
     assert [b["name"] for b in fleet["backends"]] == ["s0", "b0"]
     for b in fleet["backends"]:
-        assert {"name", "model", "healthy", "inflight_requests", "inflight_tokens", "kv_budget_tokens", "kv_usage",
-                "running", "waiting", "consecutive_failures", "metrics_age_s", "predicted_ttft_ms"} <= set(b)
+        assert {
+            "name",
+            "model",
+            "healthy",
+            "inflight_requests",
+            "inflight_tokens",
+            "kv_budget_tokens",
+            "kv_usage",
+            "running",
+            "waiting",
+            "consecutive_failures",
+            "metrics_age_s",
+            "predicted_ttft_ms",
+        } <= set(b)
         assert b["healthy"] and b["inflight_requests"] == 0 and b["inflight_tokens"] == 0
     metrics = httpx.get(gw.url + "/metrics").text
     for name in ("chimera_requests_total{", "chimera_ttft_seconds_bucket{", "chimera_e2e_seconds_bucket{",
