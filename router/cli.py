@@ -44,6 +44,10 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--max-num-seqs", type=int)
     m.add_argument("--max-num-batched-tokens", type=int)
+
+    from router.bench.cli import add_arguments as add_bench_arguments  # argparse only: cheap
+
+    add_bench_arguments(sub.add_parser("bench", help="replay a multi-agent workload through the gateway per policy"))
     return p
 
 
@@ -117,7 +121,13 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"serve": _cmd_serve, "check": _cmd_check, "sim": _cmd_sim}
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from router.bench.cli import run
+
+    return run(args)
+
+
+_COMMANDS = {"serve": _cmd_serve, "check": _cmd_check, "sim": _cmd_sim, "bench": _cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -68,6 +68,7 @@ class BackendConfig(_Frozen):
     tags: tuple[str, ...] = ()
     sim: SimSpec | None = None
     launch: LaunchSpec | None = None
+    profile: str | None = None  # hardware profile (h200-* name or JSON path) for the predictor's prior
 
     @field_validator("url")
     @classmethod
@@ -82,6 +83,16 @@ class BackendConfig(_Frozen):
         if parts.path not in ("", "/") or parts.query or parts.fragment:
             raise ValueError(f"URL must be scheme://host:port without a path: {v!r}")
         return v.rstrip("/")
+
+    @property
+    def profile_name(self) -> str | None:
+        """The worker's hardware profile: ``profile``, else its sim's, else none (a guess by model)."""
+        return self.profile or (self.sim.profile if self.sim is not None else None)
+
+    @property
+    def time_scale(self) -> float:
+        """Real seconds per profile second: 1 for a real GPU, 1/speedup for a simulated worker."""
+        return 1.0 / self.sim.speedup if self.sim is not None else 1.0
 
     @property
     def port(self) -> int:
@@ -124,6 +135,21 @@ class HealthConfig(_Frozen):
 class PolicyOptions(_Frozen):
     long_prompt_tokens: PosInt = 2048  # length_split: prompts at or above this go to `long` workers
     long_tag: str = "long"
+    latency_slack: Annotated[float, Field(ge=1.0)] = 1.3  # predictive: most capable worker within slack x fastest
+    affinity_load_ratio: Annotated[float, Field(ge=1.0)] = 2.0  # predictive: prefix affinity ignored above this
+    # worker's in-flight requests relative to the least loaded candidate (+ affinity_load_slack)
+    affinity_load_slack: NonNegInt = 4
+
+
+class PredictorConfig(_Frozen):
+    """The learned latency predictor (``gateway.predictor``); its absence means a prior-only predictor
+    where the policy is ``predictive``, and no predictor (no sketches, no refits) otherwise."""
+
+    model: str | None = None  # artifact from `chimera predictor train`, loaded at start-up
+    refit_interval_s: Annotated[float, Field(ge=0)] = 30.0  # 0: never refit online
+    window: PosInt = 5000  # completions kept for online refits (bucketed by load)
+    min_samples: PosInt = 300  # a refit needs at least this many completions in the window
+    save: str | None = None  # where online refits are written (default: not saved)
 
 
 class GatewayConfig(_Frozen):
@@ -138,6 +164,7 @@ class GatewayConfig(_Frozen):
     max_attempts: PosInt = 3
     timeouts: Timeouts = Timeouts()
     health: HealthConfig = HealthConfig()
+    predictor: PredictorConfig | None = None
 
     @field_validator("state")
     @classmethod
@@ -163,6 +190,9 @@ class Config(_Frozen):
         for i, u in enumerate(urls):
             if u in urls[:i]:
                 raise _At(("backends", i, "url"), f"URL {u!r} is used by two backends")
+        for i, b in enumerate(self.backends):
+            if b.profile is not None:
+                _check_profile(("backends", i, "profile"), b.profile)
         served = {b.model for b in self.backends}
         for i, agent in enumerate(self.agents):
             for j, m in enumerate(agent.models):
@@ -204,6 +234,15 @@ class _At(ValueError):
     def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
         super().__init__(message)
         self.loc = loc
+
+
+def _check_profile(loc: tuple[str | int, ...], name: str) -> None:
+    from backends.sim.profile import ProfileError, load_profile
+
+    try:
+        load_profile(name)
+    except ProfileError as exc:
+        raise _At(loc, str(exc)) from None
 
 
 def _unique(section: str, names: list[str]) -> None:

@@ -160,9 +160,14 @@ def build_features(
         e2e_slo_ms=agent.sla.e2e_ms,
         min_quality=agent.min_quality,
         workflow_id=headers.get("x-workflow-id") or None,
+        workflow_stage=_header_int(headers, "x-workflow-stage"),
     )
 
 
-def reserved_tokens(features: RequestFeatures) -> int:
-    """KV tokens a dispatched request claims: its prompt plus its output cap (or a default)."""
-    return features.prompt_tokens + (features.max_tokens or DEFAULT_OUTPUT_TOKENS)
+def reserved_tokens(features: RequestFeatures, predicted_output: float | None = None) -> int:
+    """KV tokens a dispatched request claims: its prompt plus its output cap (or a default), or,
+    where the policy predicted the output's length, that prediction (never above the cap)."""
+    cap = features.max_tokens or DEFAULT_OUTPUT_TOKENS
+    if predicted_output is not None and predicted_output > 0:
+        cap = min(cap, math.ceil(predicted_output)) if features.max_tokens else math.ceil(predicted_output)
+    return features.prompt_tokens + cap

@@ -31,6 +31,9 @@ class RequestFeatures:
     min_quality: float | None = None
     workflow_id: str | None = None
     prefix_hashes: tuple[int, ...] = ()  # hashes of the prompt's leading blocks (prefix affinity)
+    workflow_stage: int | None = None  # x-workflow-stage: 0 for a workflow's first request
+    sketch: tuple[float, ...] = ()  # hashed bag of words of the prompt's head (predictor.sketch)
+    prefix_hits: Mapping[str, float] = field(default_factory=dict)  # worker -> expected cached share
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,11 +34,47 @@ MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b")
 TTFT_CELLS = (128, 512, 2048, 8192)
 
 
-def start_sim(profile: str, port: int, kv_tokens: int | None, speedup: float) -> subprocess.Popen:
-    code = ("import sys; sys.path.insert(0, %r)\n"
-            "from backends.sim.server import serve, SimSettings\n"
+# The extended model (raw.extended_fit of each profile), patched into the simulator for the "sim ext" column only:
+# a step of more than GRAPH_MAX scheduled tokens runs without CUDA graphs and costs `eager` more, and the front
+# end delays each request by `per_token` seconds per prompt token before it reaches the engine.
+EXT_PATCH = """
+import asyncio
+from backends.sim import engine as _e
+_EAGER, _PER_TOKEN, _GRAPH_MAX = %r, %r, 128
+_schedule = _e.Engine.schedule
+def schedule(self, now):
+    b = _schedule(self, now)
+    if b.requests and sum(b.num_new) > _GRAPH_MAX:
+        b.duration += _EAGER / self.speedup
+    return b
+def submit(self, req):
+    d = self._ttft_overhead + _PER_TOKEN * req.prompt_len / self.speedup
+    if d > 0:
+        asyncio.get_running_loop().call_later(d, self.enqueue, req)
+    else:
+        self.enqueue(req)
+_e.Engine.schedule, _e.Engine.submit = schedule, submit
+"""
+
+
+def ext_profile(prof_path: Path, out: Path, sim_http_s: float) -> tuple[Path, tuple[float, float]]:
+    """A copy of the profile carrying the extended fit's coefficients; returns it and (eager, per_token)."""
+    prof = json.loads(prof_path.read_text())
+    c = prof["raw"]["extended_fit"]["coef"]
+    prof["step_time_s"] = {k: c[k] for k in prof["step_time_s"]}
+    prof["overhead_s"] = {"ttft": max(0.0, c["ovh_ttft"] - sim_http_s)}
+    p = out / f"ext-{prof_path.name}"
+    p.write_text(json.dumps(prof))
+    return p, (c["eager_step"], c["ttft_per_prompt_token"])
+
+
+def start_sim(profile: str, port: int, kv_tokens: int | None, speedup: float,
+              ext: tuple[float, float] | None = None) -> subprocess.Popen:
+    code = ("import sys; sys.path.insert(0, %r)\n" % str(ROOT)
+            + (EXT_PATCH % ext if ext else "")
+            + "from backends.sim.server import serve, SimSettings\n"
             "serve(SimSettings(profile=%r, kv_tokens=%r, speedup=%r), '127.0.0.1', %d)\n"
-            % (str(ROOT), profile, kv_tokens, speedup, port))
+            % (profile, kv_tokens, speedup, port))
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          start_new_session=True)
     t0 = time.time()
@@ -103,40 +139,49 @@ def lag(d: dict) -> str:
     return f"{tot / n * 1e3:.2f} ms over {int(n)} steps" if n else "n/a"
 
 
-def run_model(model: str, a: argparse.Namespace, port: int) -> None:
+def run_model(model: str, a: argparse.Namespace, port: int, ext: bool = False) -> None:
     real = json.loads((DATA / f"probe-{model}.json").read_text())
     prof_path = Path(a.profiles) / f"h200-{model}.json"
     prof = json.loads(prof_path.read_text())
     s = a.speedup or auto_speedup(prof, a.chunks_per_s)
     mix = real.get("mix") or {}
     out = Path(a.out_dir)
+    tag, patch = "", None
+    if ext:
+        prof_path, patch = ext_profile(prof_path, out, a.sim_http_ms / 1e3)
+        tag = "-ext"
     # TTFT at batch 1: real time (one stream)
-    p = start_sim(str(prof_path), port, None, 1.0)
+    p = start_sim(str(prof_path), port, None, 1.0, patch)
     try:
-        d1 = probe(port, model, out / f"sim-{model}-ttft.json", 1.0, ["--phases", "ttft", "--quick", "--procs", "1"])
+        d1 = probe(port, model, out / f"sim{tag}-{model}-ttft.json", 1.0,
+                   ["--phases", "ttft", "--quick", "--procs", "1"])
     finally:
         stop_sim(p)
     print(f"  sim lag (ttft, speedup 1): {lag(d1)}")
     # load probes: slowed down
-    p = start_sim(str(prof_path), port, None, s)
+    p = start_sim(str(prof_path), port, None, s, patch)
     try:
         args = ["--phases", "tpot,mix,saturation", "--quick", "--procs", str(a.procs), "--sat-stream", "0",
                 "--mix-out", str(mix.get("decode_out", 0)),
                 "--mix-at", ",".join(str(i["at_s"]) for i in mix.get("inject", [])),
                 "--mix-inject", ",".join(str(i["prompt"]) for i in mix.get("inject", []))]
-        d2 = probe(port, model, out / f"sim-{model}-load.json", s, args)
+        d2 = probe(port, model, out / f"sim{tag}-{model}-load.json", s, args)
     finally:
         stop_sim(p)
     print(f"  sim lag (load, speedup {s}): {lag(d2)}")
 
 
-def run_kv(a: argparse.Namespace, port: int) -> None:
+def run_kv(a: argparse.Namespace, port: int, ext: bool = False) -> None:
     real = json.loads((DATA / "probe-kvsmall.json").read_text())["kv"]
     prof_path = Path(a.profiles) / "h200-qwen2.5-0.5b.json"
     s = a.kv_speedup
-    p = start_sim(str(prof_path), port, real["kv_tokens"], s)
+    tag, patch = "", None
+    if ext:
+        prof_path, patch = ext_profile(prof_path, Path(a.out_dir), a.sim_http_ms / 1e3)
+        tag = "-ext"
+    p = start_sim(str(prof_path), port, real["kv_tokens"], s, patch)
     try:
-        d = probe(port, "qwen2.5-0.5b", Path(a.out_dir) / "sim-kvsmall.json", s,
+        d = probe(port, "qwen2.5-0.5b", Path(a.out_dir) / f"sim{tag}-kvsmall.json", s,
                   ["--phases", "kv", "--quick", "--procs", str(a.procs), "--kv-tokens", str(real["kv_tokens"]),
                    "--kv-n", str(real["requests"]), "--kv-prompt", str(real["prompt"]), "--kv-out", str(real["out"])])
     finally:
@@ -147,57 +192,87 @@ def run_kv(a: argparse.Namespace, port: int) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def cell(rows: list, model: str, name: str, real: float | None, sim: float | None, unit: str) -> None:
-    err = (sim / real - 1) if (real and sim is not None) else None
-    rows.append({"model": model, "cell": name, "unit": unit, "real": real, "sim": sim, "rel_err": err})
+def cell(rows: list, model: str, name: str, real: list, sims: list, unit: str) -> None:
+    """real: the measured values of each run (mean is the reference); sims: [plain sim, extended sim]."""
+    real = [r for r in real if r is not None and r == r]
+    ref = sum(real) / len(real) if real else None
+    row = {"model": model, "cell": name, "unit": unit, "real": ref, "real_runs": real,
+           "run_spread": (max(real) / min(real) - 1) if len(real) > 1 and min(real) > 0 else None}
+    for key, v in zip(("sim", "sim_ext"), sims, strict=True):
+        row[key] = v
+        row[key + "_err"] = (v / ref - 1) if (ref and v is not None) else None
+    rows.append(row)
+
+
+def _load(p: Path) -> dict:
+    return json.loads(p.read_text()) if p.exists() else {}
 
 
 def table(a: argparse.Namespace) -> list[dict]:
     out = Path(a.out_dir)
     rows: list[dict] = []
     for model in a.models:
-        real = json.loads((DATA / f"probe-{model}.json").read_text())
-        f1, f2 = out / f"sim-{model}-ttft.json", out / f"sim-{model}-load.json"
-        s1 = json.loads(f1.read_text()) if f1.exists() else {}
-        s2 = json.loads(f2.read_text()) if f2.exists() else {}
+        real = _load(DATA / f"probe-{model}.json")
+        real2 = _load(DATA / f"probe2-{model}.json")
+        s1, s2 = [_load(out / f"sim{t}-{model}-ttft.json") for t in ("", "-ext")], \
+            [_load(out / f"sim{t}-{model}-load.json") for t in ("", "-ext")]
         rt = {t["prompt"]: t["ttft_ms"] for t in real.get("ttft", [])}
-        st = {t["prompt"]: t["ttft_ms"] for t in s1.get("ttft", [])}
+        rt2 = {t["prompt"]: t["ttft_ms"] for t in real2.get("psweep", []) if not t.get("as_ids")}
         for n in TTFT_CELLS:
-            cell(rows, model, f"TTFT p{n}", rt.get(n), st.get(n), "ms")
+            cell(rows, model, f"TTFT p{n}", [rt.get(n), rt2.get(n)],
+                 [{t["prompt"]: t["ttft_ms"] for t in s.get("ttft", [])}.get(n) for s in s1], "ms")
         rp = {(t["prompt"], t["batch"]): t for t in real.get("tpot", [])}
-        sp = {(t["prompt"], t["batch"]): t for t in s2.get("tpot", [])}
         for k in sorted(rp):
-            cell(rows, model, f"TPOT p{k[0]} b{k[1]}", rp[k]["tpot_ms_p50"], (sp.get(k) or {}).get("tpot_ms_p50"), "ms")
+            cell(rows, model, f"TPOT p{k[0]} b{k[1]}", [rp[k]["tpot_ms_p50"]],
+                 [({(t["prompt"], t["batch"]): t for t in s.get("tpot", [])}.get(k) or {}).get("tpot_ms_p50")
+                  for s in s2], "ms")
         rs = (real.get("saturation") or {}).get("nonstream") or {}
-        ss = (s2.get("saturation") or {}).get("nonstream") or {}
-        cell(rows, model, f"saturation {rs.get('streams')}x out tok/s", rs.get("out_tok_s"), ss.get("out_tok_s"), "tok/s")
-        cell(rows, model, "saturation makespan", rs.get("makespan_s"), ss.get("makespan_s"), "s")
-        rm, sm = real.get("mix") or {}, s2.get("mix") or {}
-        for ri, si in zip(rm.get("inject", []), sm.get("inject", []), strict=False):
-            cell(rows, model, f"mix TTFT of p{ri['prompt']} into b{rm['batch']}", ri.get("ttft_ms"), si.get("ttft_ms"), "ms")
-    fk = out / "sim-kvsmall.json"
-    if fk.exists() and (DATA / "probe-kvsmall.json").exists():
-        r = json.loads((DATA / "probe-kvsmall.json").read_text())["kv"]
-        s = json.loads(fk.read_text()).get("kv", {})
+        ss = [(s.get("saturation") or {}).get("nonstream") or {} for s in s2]
+        cell(rows, model, f"saturation {rs.get('streams')}x out tok/s", [rs.get("out_tok_s")],
+             [x.get("out_tok_s") for x in ss], "tok/s")
+        cell(rows, model, "saturation makespan", [rs.get("makespan_s")], [x.get("makespan_s") for x in ss], "s")
+        rm = real.get("mix") or {}
+        for i, ri in enumerate(rm.get("inject", [])):
+            sims = []
+            for s in s2:
+                inj = (s.get("mix") or {}).get("inject", [])
+                sims.append(inj[i].get("ttft_ms") if i < len(inj) else None)
+            cell(rows, model, f"mix TTFT of p{ri['prompt']} into b{rm['batch']}", [ri.get("ttft_ms")], sims, "ms")
+    r = _load(DATA / "probe-kvsmall.json").get("kv")
+    sk = [_load(out / f"sim{t}-kvsmall.json").get("kv", {}) for t in ("", "-ext")]
+    if r and any(sk):
         m = f"qwen2.5-0.5b kv={r['kv_tokens']}"
         for k, name, unit in (("e2e_s_p50", "KV pressure e2e p50", "s"), ("e2e_s_p99", "KV pressure e2e p99", "s"),
                               ("makespan_s", "KV pressure makespan", "s"), ("preemptions", "KV pressure preemptions", "#"),
                               ("max_running", "KV pressure max running", "#"),
                               ("max_waiting", "KV pressure max waiting", "#")):
-            cell(rows, m, name, r.get(k), s.get(k), unit)
+            cell(rows, m, name, [r.get(k)], [x.get(k) for x in sk], unit)
     return rows
 
 
 def render(rows: list[dict]) -> str:
-    lines = ["| model | cell | real | sim | rel. err |", "|---|---|---:|---:|---:|"]
+    def f(v: float | None) -> str:
+        return "–" if v is None else (f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}")
+
+    def e(v: float | None) -> str:
+        return "–" if v is None else f"{v:+.0%}" + (" ✗" if abs(v) > 0.10 else "")
+
+    ext = any(r["sim_ext"] is not None for r in rows)
+    head = "| model | cell | real | run spread | sim | rel. err |" + (" sim ext | rel. err |" if ext else "")
+    lines = [head, "|---|---|---:|---:|---:|---:|" + ("---:|---:|" if ext else "")]
     for r in rows:
-        f = (lambda v: "–" if v is None else (f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"))  # noqa: E731
-        e = "–" if r["rel_err"] is None else f"{r['rel_err']:+.0%}" + (" ✗" if abs(r["rel_err"]) > 0.10 else "")
-        lines.append(f"| {r['model']} | {r['cell']} ({r['unit']}) | {f(r['real'])} | {f(r['sim'])} | {e} |")
-    ok = [r for r in rows if r["rel_err"] is not None]
-    within = sum(1 for r in ok if abs(r["rel_err"]) <= 0.10)
+        sp = "–" if r["run_spread"] is None else f"{r['run_spread']:.0%}"
+        line = f"| {r['model']} | {r['cell']} ({r['unit']}) | {f(r['real'])} | {sp} | {f(r['sim'])} | {e(r['sim_err'])} |"
+        if ext:
+            line += f" {f(r['sim_ext'])} | {e(r['sim_ext_err'])} |"
+        lines.append(line)
     lines.append("")
-    lines.append(f"{within}/{len(ok)} cells within 10%.")
+    for key, name in (("sim_err", "sim (shipped profiles)"), ("sim_ext_err", "sim + extended model")):
+        ok = [r for r in rows if r[key] is not None]
+        if ok:
+            within = sum(1 for r in ok if abs(r[key]) <= 0.10)
+            lines.append(f"{name}: {within}/{len(ok)} cells within 10%, median |err| "
+                         f"{sorted(abs(r[key]) for r in ok)[len(ok) // 2]:.0%}.")
     return "\n".join(lines)
 
 
@@ -213,17 +288,21 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18400)
     ap.add_argument("--no-kv", action="store_true")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--extended", action="store_true",
+                    help="also run the sim patched with each profile's raw.extended_fit (eager steps, per-token TTFT)")
+    ap.add_argument("--sim-http-ms", type=float, default=3.0, help="as in fit_profile.py, for the extended profiles")
     ap.add_argument("--write", default=str(DATA / "fidelity"), help="writes <this>.json and <this>.md")
     a = ap.parse_args()
     a.models = [m for m in a.models.split(",") if m]
     Path(a.out_dir).mkdir(parents=True, exist_ok=True)
     if not a.table_only:
-        for i, m in enumerate(a.models):
-            print(f"== {m}", flush=True)
-            run_model(m, a, a.port + i)
-        if not a.no_kv:
-            print("== KV pressure (qwen2.5-0.5b, small KV)", flush=True)
-            run_kv(a, a.port + 9)
+        for ext in (False, True) if a.extended else (False,):
+            for i, m in enumerate(a.models):
+                print(f"== {m}{' (extended model)' if ext else ''}", flush=True)
+                run_model(m, a, a.port + i, ext)
+            if not a.no_kv:
+                print("== KV pressure (qwen2.5-0.5b, small KV)", flush=True)
+                run_kv(a, a.port + 9, ext)
     rows = table(a)
     md = render(rows)
     print(md)

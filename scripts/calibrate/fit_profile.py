@@ -38,6 +38,7 @@ GRAPH_MAX = 128          # --max-cudagraph-capture-size
 FEATURES = ("base", "prefill_tokens", "decode_seqs", "decode_context_tokens", "prefill_attn_mtok2")
 COLS = (*FEATURES, "ovh_ttft")
 EXT_COLS = (*COLS, "eager_step", "ttft_per_prompt_token")
+WITH_MIX = False         # --with-mix: also fit the mixed prefill+decode steps (they carry the eager-step cost)
 
 
 def prefill_steps(n: int, start: int = 0, budget: int = BUDGET) -> list[tuple[int, int]]:
@@ -94,7 +95,7 @@ def build_rows(runs: list[dict]) -> list[dict]:
             r = row(base=1, prefill_tokens=c, prefill_attn_mtok2=c * c / 2 / 1e6, decode_seqs=b,
                     decode_context_tokens=b * inj["ctx_at_gap"], eager_step=int(c + b > GRAPH_MAX))
             rows.append({"kind": "mix", "key": f"r{i} mix b{b}+p{L}", "x": r, "y": inj["max_gap_ms"] / 1e3,
-                         "fit": True})
+                         "fit": WITH_MIX})
         st = ((d.get("saturation") or {}).get("stream") or {}).get("steady")
         if st and st.get("step_ms"):
             sat = d["saturation"]["stream"]
@@ -152,7 +153,13 @@ def main() -> None:
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--out-dir", default=str(PROFILES))
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--with-mix", action="store_true", help="fit the mixed-step points too")
+    ap.add_argument("--sim-http-ms", type=float, default=3.0,
+                    help="the simulated worker's own HTTP/SSE cost per first token (measured on the 2-core dev box), "
+                         "taken off the fitted client-side TTFT overhead so that it is not counted twice")
     a = ap.parse_args()
+    global WITH_MIX
+    WITH_MIX = a.with_mix
     data = Path(a.data)
     summary = json.loads((data / "summary.json").read_text())
     kvsmall = json.loads((data / "probe-kvsmall.json").read_text()) if (data / "probe-kvsmall.json").exists() else {}
@@ -186,7 +193,7 @@ def main() -> None:
             "kv_budget_tokens": kv, "block_size": 16, "max_num_seqs": 1024, "max_num_batched_tokens": BUDGET,
             "max_model_len": 16384,
             "step_time_s": step,
-            "overhead_s": {"ttft": float(f"{coef[5]:.4g}")},
+            "overhead_s": {"ttft": float(f"{max(0.0, coef[5] - a.sim_http_ms / 1e3):.4g}")},
             "provenance": {"status": "measured", "date": d["meta"]["started"][:10], "vllm": "0.26.0",
                            "gpu": "NVIDIA H200",
                            "flags": f"--model /tmp/models/{model} --load-format dummy --dtype bfloat16 "
@@ -195,7 +202,10 @@ def main() -> None:
                                       "prefill, prefix caching, async scheduling, CUDA graphs FULL_AND_PIECEWISE "
                                       "sizes 1..128)",
                            "script": "scripts/calibrate/run_h200.sh + probe.py; fit: scripts/calibrate/fit_profile.py",
-                           "fit": {"mean_abs_rel_err": round(float(np.mean(errs)), 4),
+                           "fit": {"client_ttft_overhead_fitted_s": float(f"{coef[5]:.4g}"),
+                                   "sim_http_overhead_subtracted_s": a.sim_http_ms / 1e3,
+                                   "mixed_steps_fitted": WITH_MIX,
+                                   "mean_abs_rel_err": round(float(np.mean(errs)), 4),
                                    "max_abs_rel_err": round(float(np.max(errs)), 4), "points": len(errs)}},
             "raw": {
                 "source": f"scripts/calibrate/data/probe-{model}.json (run 1), probe2-{model}.json (run 2)",

@@ -1,0 +1,86 @@
+"""Quantile gradient boosting over several targets, the shared core of the length and latency models.
+
+:class:`MultiQuantileRegressor` fits one ``HistGradientBoostingRegressor(loss="quantile")`` per
+(target, quantile) on the log of the target (quantiles commute with a monotone transform, and
+relative errors then weigh the same for a 20 ms and a 2 s answer), skipping rows where that target
+is missing (NaN) and targets with too few rows. Prediction goes through a :class:`PackedForest`:
+every model, every candidate, one batched call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Self
+
+import numpy as np
+import numpy.typing as npt
+from sklearn.base import BaseEstimator
+from sklearn.ensemble import HistGradientBoostingRegressor
+from sklearn.utils.validation import check_is_fitted
+
+from predictor.forest import PackedForest
+
+Array = npt.NDArray[np.float64]
+
+
+class MultiQuantileRegressor(BaseEstimator):  # type: ignore[misc]
+    def __init__(
+        self,
+        quantiles: Sequence[float] = (0.5, 0.9),
+        max_iter: int = 60,
+        max_depth: int = 5,
+        learning_rate: float = 0.1,
+        min_samples_leaf: int = 20,
+        min_samples: int = 50,
+        random_state: int = 0,
+    ) -> None:
+        self.quantiles = quantiles
+        self.max_iter = max_iter
+        self.max_depth = max_depth
+        self.learning_rate = learning_rate
+        self.min_samples_leaf = min_samples_leaf
+        self.min_samples = min_samples
+        self.random_state = random_state
+
+    def fit(self, X: Any, Y: Any) -> Self:
+        """``X``: (n, features); ``Y``: (n, targets) of positive values, NaN where unknown."""
+        X = np.asarray(X, dtype=np.float64)
+        Y = np.asarray(Y, dtype=np.float64)
+        if Y.ndim == 1:
+            Y = Y[:, None]
+        if X.ndim != 2 or len(X) != len(Y):
+            raise ValueError(f"X {X.shape} and Y {Y.shape} do not match")
+        estimators: list[HistGradientBoostingRegressor] = []
+        slots: list[tuple[int, int]] = []
+        for t in range(Y.shape[1]):
+            ok = np.isfinite(Y[:, t]) & (Y[:, t] > 0)
+            if ok.sum() < self.min_samples:
+                continue
+            for qi, q in enumerate(self.quantiles):
+                est = HistGradientBoostingRegressor(
+                    loss="quantile", quantile=q, max_iter=self.max_iter, max_depth=self.max_depth,
+                    learning_rate=self.learning_rate, min_samples_leaf=self.min_samples_leaf,
+                    early_stopping=False, random_state=self.random_state,
+                )  # fmt: skip
+                estimators.append(est.fit(X[ok], np.log(Y[ok, t])))
+                slots.append((t, qi))
+        self.n_features_in_ = X.shape[1]
+        self.n_targets_ = Y.shape[1]
+        self.estimators_ = estimators
+        self.slots_ = slots
+        self.forest_ = PackedForest(estimators) if estimators else None
+        return self
+
+    def predict(self, X: Array) -> Array:
+        """Shape ``(len(X), targets, quantiles)``; NaN for a target that was not learned."""
+        check_is_fitted(self, "slots_")
+        out = np.full((len(X), self.n_targets_, len(self.quantiles)), np.nan)
+        if self.forest_ is not None:
+            raw = np.exp(self.forest_.predict(X))
+            for j, (t, qi) in enumerate(self.slots_):
+                out[:, t, qi] = raw[:, j]
+        return out
+
+    def learned(self, target: int) -> bool:
+        check_is_fitted(self, "slots_")
+        return any(t == target for t, _ in self.slots_)

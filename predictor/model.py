@@ -1,0 +1,207 @@
+"""The predictor a policy asks: per candidate worker, latency quantiles, output length and quality.
+
+Two implementations of one ``predict(features, views, profiles, cached) -> Prediction``:
+
+* :class:`PriorPredictor` — no learned state, the analytic prior (:mod:`predictor.prior`); what a
+  gateway routes with before any training.
+* :class:`Predictor` — a scikit-learn style composite estimator: ``fit(samples)`` fits the output
+  length, latency and quality models (clones of its hyper-parameter sub-estimators) and falls back
+  to the prior for whatever it could not learn (too few rows, no feedback).
+
+Both predict for all candidates at once: two packed-forest calls and a few numpy operations.
+:class:`ModelSlot` is the holder a policy captures: a background refit swaps ``slot.current``
+atomically between decisions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, Self
+
+import numpy as np
+from sklearn.base import BaseEstimator, clone
+from sklearn.utils.validation import check_is_fitted
+
+from predictor.boosting import Array
+from predictor.latency import LatencyModel, latency_matrix
+from predictor.length import OutputLengthModel, length_matrix, length_row
+from predictor.prior import TPOT_P90_FACTOR, TTFT_P90_FACTOR, WorkerProfile, prior_latency, prior_output
+from predictor.quality import QualityModel
+from router.types import BackendView, RequestFeatures
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Per candidate (rows in the order of the views): ``[:, 0]`` p50, ``[:, 1]`` p90; seconds, tokens."""
+
+    ttft: Array
+    tpot: Array
+    e2e: Array
+    output: Array
+    remaining: Array  # p50 tokens this request and its workflow's later stages will generate
+    quality: Array  # P(good answer)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One finished request as training data: what was known at dispatch, and what happened."""
+
+    features: RequestFeatures
+    view: BackendView
+    profile: WorkerProfile
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+    output_tokens: int | None
+    remaining_tokens: int | None = None
+    score: float | None = None
+
+
+class Estimator(Protocol):
+    def predict(
+        self,
+        features: RequestFeatures,
+        views: Sequence[BackendView],
+        profiles: Sequence[WorkerProfile],
+        cached: Array | None = None,
+    ) -> Prediction: ...
+
+
+class ModelSlot:
+    """The current estimator; replaced whole by a refit (one attribute store, atomic for readers)."""
+
+    def __init__(self, current: Estimator) -> None:
+        self.current = current
+        self.version = 0
+
+    def swap(self, estimator: Estimator) -> None:
+        self.current = estimator
+        self.version += 1
+
+
+def cached_shares(features: RequestFeatures, views: Sequence[BackendView]) -> Array:
+    hits = features.prefix_hits
+    return np.asarray([hits.get(v.name, 0.0) for v in views], dtype=np.float64)
+
+
+def _priors(f: RequestFeatures, views: Sequence[BackendView], profiles: Sequence[WorkerProfile],
+            cached: Array) -> Array:  # fmt: skip
+    return np.asarray([prior_latency(profiles[i], v, f.prompt_tokens, float(cached[i])) for i, v in enumerate(views)])
+
+
+def _assemble(prior: Array, output: Array, remaining: Array, quality: Array, learned: Array | None) -> Prediction:
+    """Fill what the learned models did not give (NaN) from the prior; keep p90 ≥ p50."""
+    ttft = np.stack([prior[:, 0], prior[:, 0] * TTFT_P90_FACTOR], axis=1)
+    tpot = np.stack([prior[:, 1], prior[:, 1] * TPOT_P90_FACTOR], axis=1)
+    steps = np.maximum(output - 1.0, 0.0)
+    e2e = ttft + steps * tpot
+    if learned is not None:
+        ttft = np.where(np.isnan(learned[:, 0]), ttft, learned[:, 0])
+        tpot = np.where(np.isnan(learned[:, 1]), tpot, learned[:, 1])
+        e2e = np.where(np.isnan(learned[:, 2]), ttft + steps * tpot, learned[:, 2])
+    for a in (ttft, tpot, e2e, output):
+        a[:, 1] = np.maximum(a[:, 1], a[:, 0])
+    return Prediction(ttft, tpot, e2e, output, remaining, quality)
+
+
+class PriorPredictor:
+    """Routing before any training: the analytic prior, the profile's quality."""
+
+    def predict(
+        self,
+        features: RequestFeatures,
+        views: Sequence[BackendView],
+        profiles: Sequence[WorkerProfile],
+        cached: Array | None = None,
+    ) -> Prediction:
+        cached = cached_shares(features, views) if cached is None else cached
+        out50, out90 = prior_output(features.max_tokens)
+        output = np.tile([out50, out90], (len(views), 1))
+        quality = np.asarray([p.quality for p in profiles])
+        return _assemble(_priors(features, views, profiles, cached), output, output[:, 0].copy(), quality, None)
+
+
+def _code(vocab: tuple[str, ...], name: str) -> float:
+    try:
+        return float(vocab.index(name))
+    except ValueError:
+        return -1.0
+
+
+class Predictor(BaseEstimator):  # type: ignore[misc]
+    """Learned output length, latency and quality (see the module docstring)."""
+
+    def __init__(
+        self,
+        length: OutputLengthModel | None = None,
+        latency: LatencyModel | None = None,
+        quality: QualityModel | None = None,
+    ) -> None:
+        self.length = length
+        self.latency = latency
+        self.quality = quality
+
+    def fit(self, X: Sequence[Sample], y: Any = None) -> Self:
+        samples = list(X)
+        if not samples:
+            raise ValueError("no training samples")
+        self.agents_ = tuple(sorted({s.features.agent for s in samples}))
+        self.models_ = tuple(sorted({s.view.model for s in samples}))
+        X_len = np.asarray([
+            length_row(s.features, _code(self.agents_, s.features.agent), _code(self.models_, s.view.model))
+            for s in samples
+        ])  # fmt: skip
+        Y_len = np.asarray([[_nan(s.output_tokens), _nan(s.remaining_tokens)] for s in samples])
+        self.length_ = clone(self.length if self.length is not None else OutputLengthModel()).fit(X_len, Y_len)
+        output = self._output(self.length_.predict(X_len), [s.features.max_tokens for s in samples])
+        rows = []
+        for i, s in enumerate(samples):
+            cached = np.asarray([s.features.prefix_hits.get(s.view.name, 0.0)])
+            prior = _priors(s.features, (s.view,), (s.profile,), cached)
+            rows.append(latency_matrix(s.features, (s.view,), (s.profile,), cached, output[i : i + 1], prior)[0])
+        Y_lat = np.asarray([[_nan(s.ttft_s), _nan(s.tpot_s), _nan(s.e2e_s)] for s in samples])
+        self.latency_ = clone(self.latency if self.latency is not None else LatencyModel()).fit(np.asarray(rows), Y_lat)
+        rated = [s for s in samples if s.score is not None and len(s.features.sketch) > 0]
+        self.quality_ = clone(self.quality if self.quality is not None else QualityModel()).fit(
+            np.asarray([s.features.sketch for s in rated]).reshape(len(rated), -1),
+            np.asarray([s.score for s in rated]),
+            models=[s.view.model for s in rated],
+        )
+        self.n_samples_ = len(samples)
+        return self
+
+    def _output(self, pred: Array, caps: Sequence[int | None]) -> Array:
+        """This request's output p50/p90 from the length model's ``(n, targets, quantiles)``."""
+        out = pred[:, 0, :].copy()
+        cap = np.asarray([c if c else np.inf for c in caps], dtype=np.float64)
+        for q, default in enumerate(prior_output(None)):
+            out[:, q] = np.minimum(np.where(np.isnan(out[:, q]), default, out[:, q]), cap)
+        out[:, 1] = np.maximum(out[:, 1], out[:, 0])
+        return out
+
+    def predict(
+        self,
+        features: RequestFeatures,
+        views: Sequence[BackendView],
+        profiles: Sequence[WorkerProfile],
+        cached: Array | None = None,
+    ) -> Prediction:
+        check_is_fitted(self, "latency_")
+        cached = cached_shares(features, views) if cached is None else cached
+        models = [v.model for v in views]
+        codes = np.asarray([_code(self.models_, m) for m in models])
+        X_len = length_matrix(features, _code(self.agents_, features.agent), codes)
+        pred = self.length_.predict(X_len)
+        output = self._output(pred, [features.max_tokens] * len(views))
+        remaining = np.where(np.isnan(pred[:, 1, 0]), output[:, 0], pred[:, 1, 0])
+        prior = _priors(features, views, profiles, cached)
+        learned = self.latency_.predict(latency_matrix(features, views, profiles, cached, output, prior))
+        priors_q = np.asarray([p.quality for p in profiles])
+        quality = self.quality_.predict_proba(np.asarray(features.sketch), models, priors_q)
+        return _assemble(prior, output, remaining, quality, learned)
+
+
+def _nan(v: float | None) -> float:
+    return math.nan if v is None else float(v)

@@ -1,0 +1,102 @@
+"""The analytic cold-start prior: latency from a worker's hardware profile and its live load.
+
+Before any training the predictor still routes sensibly: a request's TTFT is the API overhead plus
+the engine steps needed to prefill the prompts queued ahead of it and its own uncached prompt, each
+step costing the profile's linear step time at the current batch; its TPOT is one decode step at
+the batch it joins; e2e adds ``(output − 1) × TPOT``. Output length before training is the
+simulator's default answer length (lognormal, median 150, σ 0.8). p90s are p50s times fixed
+factors. The learned models take these estimates as features and correct them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from backends.sim.profile import Profile, ProfileError, available_profiles, load_profile
+from router.config import Config
+from router.types import BackendView
+
+DEFAULT_PROFILE = "h200-qwen2.5-7b"  # the guess for a worker whose model has no shipped profile
+PRIOR_OUTPUT_P50 = 150.0
+PRIOR_OUTPUT_P90 = 420.0  # 150 · exp(1.2816 · 0.8)
+TTFT_P90_FACTOR = 1.6
+TPOT_P90_FACTOR = 1.25
+KV_PRESSURE_FROM = 0.9  # above this KV use, queueing and preemptions grow fast
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerProfile:
+    """A worker's step-time model in wall seconds (profile seconds × ``time_scale``)."""
+
+    name: str
+    time_scale: float
+    base: float
+    prefill: float
+    decode_seqs: float
+    decode_ctx: float
+    attn: float
+    ttft_overhead: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    quality: float
+
+    @classmethod
+    def of(cls, profile: Profile, time_scale: float = 1.0) -> WorkerProfile:
+        st, k = profile.step_time, time_scale
+        return cls(
+            profile.name, k, st.base * k, st.prefill_tokens * k, st.decode_seqs * k,
+            st.decode_context_tokens * k, st.prefill_attn_mtok2 * k, profile.ttft_overhead_s * k,
+            profile.max_num_seqs, profile.max_num_batched_tokens, profile.quality,
+        )  # fmt: skip
+
+
+@lru_cache(maxsize=64)
+def profile_for(name: str | None, model: str = "", time_scale: float = 1.0) -> WorkerProfile:
+    """``name`` (a shipped profile or a JSON path), else ``h200-<model>`` if shipped, else the default."""
+    if name is None:
+        guess = f"h200-{model}"
+        name = guess if guess in available_profiles() else DEFAULT_PROFILE
+    try:
+        return WorkerProfile.of(load_profile(name), time_scale)
+    except ProfileError:
+        return WorkerProfile.of(load_profile(DEFAULT_PROFILE), time_scale)
+
+
+def worker_profiles(config: Config) -> dict[str, WorkerProfile]:
+    """Every configured backend's profile, by backend name."""
+    return {b.name: profile_for(b.profile_name, b.model, b.time_scale) for b in config.backends}
+
+
+def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cached: float) -> tuple[float, float]:
+    """(TTFT p50, TPOT p50) in seconds of a request of ``prompt_tokens`` (``cached`` share already in
+    the worker's prefix cache) sent to a worker in the state ``view``."""
+    scraped = (view.running or 0) + (view.waiting or 0)
+    n = max(scraped, view.inflight_requests)  # the scrape may lag this gateway's own dispatches
+    n_run = min(n, wp.max_num_seqs)
+    n_wait = n - n_run
+    per_req = view.inflight_tokens / view.inflight_requests if view.inflight_requests else float(prompt_tokens)
+    ctx = 0.5 * per_req  # a running request is, on average, half way through its reservation
+    decode_step = wp.base + wp.decode_seqs * n_run + wp.decode_ctx * n_run * ctx
+    own = prompt_tokens * (1.0 - cached)
+    ahead = n_wait * 0.5 * per_req
+    steps = math.ceil((own + ahead) / max(1, wp.max_num_batched_tokens - n_run)) or 1
+    attn = wp.attn * own * (prompt_tokens - own + own / 2) / 1e6
+    ttft = wp.ttft_overhead + steps * decode_step + wp.prefill * (own + ahead) + attn
+    kv = view.kv_usage or 0.0
+    if kv > KV_PRESSURE_FROM:
+        ttft *= 1.0 + 10.0 * (kv - KV_PRESSURE_FROM)
+    tpot = wp.base + wp.decode_seqs * (n_run + 1) + wp.decode_ctx * (n_run + 1) * ctx
+    return ttft, tpot
+
+
+def prior_output(max_tokens: int | None) -> tuple[float, float]:
+    cap = float(max_tokens) if max_tokens else math.inf
+    return min(PRIOR_OUTPUT_P50, cap), min(PRIOR_OUTPUT_P90, cap)
+
+
+def profiles_by_model(profiles: Mapping[str, WorkerProfile], views: tuple[BackendView, ...]) -> list[WorkerProfile]:
+    """The profile of each view: its backend's, else a guess from its model name."""
+    return [profiles.get(v.name) or profile_for(None, v.model) for v in views]

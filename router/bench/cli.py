@@ -1,0 +1,78 @@
+"""`chimera bench` arguments (argparse only, cheap to import) and the dispatch to the runners."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TypeVar
+
+from router.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def _csv(kind: Callable[[str], T], what: str) -> Callable[[str], tuple[T, ...]]:
+    def parse(text: str) -> tuple[T, ...]:
+        try:
+            items = tuple(kind(part.strip()) for part in text.split(",") if part.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}, got {text!r}") from None
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected at least one {what}")
+        return items
+
+    return parse
+
+
+def add_arguments(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--config", help="YAML config (its sim: workers are started per run); not for overhead")
+    b.add_argument("--workload", required=True, help="codegen | math | mixed | chat | overhead")
+    b.add_argument("--policies", type=_csv(str, "policy names"), help="default: the config's policy")
+    b.add_argument("--rate", type=_csv(float, "numbers"), default=(), help="workflows/s (requests/s for overhead); a list sweeps")  # noqa: E501
+    b.add_argument("--users", type=int, help="closed loop: N users instead of Poisson arrivals")
+    b.add_argument("--duration", type=float, default=60.0, help="measured seconds per run, after the warm-up")
+    b.add_argument("--warmup", type=float, default=10.0, help="seconds of load before measuring")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seeds", type=_csv(int, "integers"), help="repeat every run per seed (overrides --seed)")
+    b.add_argument("--out", default="bench-out", help="directory for results.json, plots and logs")
+    b.add_argument("--speedup", type=float, help="override every sim worker's speedup")
+    b.add_argument("--drain", type=float, help="seconds to wait for in-flight workflows after the arrivals end")
+    b.add_argument("--no-plots", action="store_true")
+    b.add_argument("--no-pin", action="store_true", help="overhead: do not pin processes to cores")
+
+
+def _check(args: argparse.Namespace) -> None:
+    positive = {"--duration": args.duration, "--speedup": args.speedup, "--users": args.users}
+    for key, value in positive.items():
+        if value is not None and value <= 0:
+            raise ConfigError(f"must be positive, got {value:g}", key=key)
+    if args.warmup < 0 or (args.drain is not None and args.drain < 0):
+        raise ConfigError("must not be negative", key="--warmup" if args.warmup < 0 else "--drain")
+    if any(r <= 0 for r in args.rate):
+        raise ConfigError("every rate must be positive", key="--rate")
+    if args.users is not None and args.rate:
+        raise ConfigError("give --rate or --users, not both", key="--users")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    seeds = tuple(args.seeds) if args.seeds else (args.seed,)
+    if args.workload == "overhead":
+        from router.bench.overhead import run_overhead
+
+        run_overhead(rates=args.rate or (200.0,), duration_s=args.duration, warmup_s=args.warmup, out=args.out,
+                     pin=not args.no_pin, seed=seeds[0])  # fmt: skip
+        return 0
+    if not args.config:
+        raise ConfigError("--config is required for this workload", key="--config")
+    from router.bench.runner import BenchSpec, run_bench
+    from router.config import load_config
+
+    policies = args.policies or (load_config(args.config).gateway.policy,)
+    spec = BenchSpec(
+        config_path=args.config, workload=args.workload, policies=tuple(policies), rates=tuple(args.rate),
+        users=args.users, duration_s=args.duration, warmup_s=args.warmup, seeds=seeds, out=args.out,
+        speedup=args.speedup, drain_s=args.drain, plots=not args.no_plots,
+    )  # fmt: skip
+    run_bench(spec)
+    return 0

@@ -1,0 +1,213 @@
+"""The bench's clients: the official async ``openai`` SDK, one request per agent step, streamed.
+
+Each role's requests go out as the config's agent of that name: with its first API key as the
+Bearer token, else with the ``X-Agent`` header (and ``x-workflow-id`` always). TTFT is measured
+here, at the first content token the client receives; e2e when the stream ends.
+
+Two ways to offer load: :func:`open_loop` (Poisson arrivals of workflows at a rate) and
+:func:`closed_loop` (N users, each starting a new workflow as soon as its last one ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from router.bench.workloads import Step, Workflow, make_workflow
+from router.config import Config
+from router.errors import ChimeraError
+
+
+@dataclass
+class RequestRecord:
+    workflow: str
+    agent: str
+    start: float  # seconds since the run's start
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    model: str = ""
+    error: str | None = None
+
+
+@dataclass
+class WorkflowRecord:
+    id: str
+    kind: str
+    start: float
+    end: float | None = None
+    steps: int = 0
+    success: bool = False
+    error: bool = False
+
+
+@dataclass
+class RunLog:
+    requests: list[RequestRecord] = field(default_factory=list)
+    workflows: list[WorkflowRecord] = field(default_factory=list)
+    fleet_samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+class AgentClients:
+    """One ``AsyncOpenAI`` per agent, sharing a connection pool."""
+
+    def __init__(self, base_url: str, config: Config, timeout_s: float = 600.0) -> None:
+        try:
+            import openai
+        except ImportError as exc:  # a core install has no openai; the dev extra does
+            raise ChimeraError("chimera bench needs the openai SDK: pip install openai") from exc
+        self._openai = openai
+        self._root = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=timeout_s)
+        self._clients: dict[str, Any] = {}
+        for agent in config.agents:
+            if agent.api_keys:
+                self._clients[agent.name] = self._root.with_options(api_key=agent.api_keys[0])
+            else:
+                self._clients[agent.name] = self._root.with_options(default_headers={"X-Agent": agent.name})
+
+    def has(self, agent: str) -> bool:
+        return agent in self._clients
+
+    async def close(self) -> None:
+        await self._root.close()
+
+    async def send(self, step: Step, workflow_id: str, t0: float) -> tuple[RequestRecord, str]:
+        """Stream one step; return its record and the answer's text."""
+        rec = RequestRecord(workflow_id, step.agent, time.monotonic() - t0, prompt_tokens=step.prompt_words)
+        client = self._clients[step.agent]
+        parts: list[str] = []
+        start = time.monotonic()
+        try:
+            stream = await client.chat.completions.create(
+                model="auto", messages=step.messages, max_tokens=step.max_tokens, stream=True,
+                stream_options={"include_usage": True}, extra_body={"sim": step.sim},
+                extra_headers={"x-workflow-id": workflow_id},
+            )  # fmt: skip
+            async for chunk in stream:
+                if chunk.usage is not None:
+                    rec.output_tokens = chunk.usage.completion_tokens
+                    rec.prompt_tokens = chunk.usage.prompt_tokens
+                if chunk.model:
+                    rec.model = chunk.model
+                for choice in chunk.choices:
+                    if choice.delta.content:
+                        if rec.ttft_s is None:
+                            rec.ttft_s = time.monotonic() - start
+                        parts.append(choice.delta.content)
+            rec.e2e_s = time.monotonic() - start
+        except self._openai.APIError as exc:
+            rec.error = type(exc).__name__ + (f" {exc.status_code}" if hasattr(exc, "status_code") else "")
+        text = "".join(parts)
+        if rec.error is None and rec.output_tokens == 0:
+            rec.output_tokens = len(text.split())
+        return rec, text
+
+
+Progress = Callable[[int], None]
+
+
+async def run_workflow(clients: AgentClients, wf: Workflow, log: RunLog, t0: float, on_request: Progress) -> None:
+    rec = WorkflowRecord(wf.id, wf.kind, time.monotonic() - t0)
+    log.workflows.append(rec)
+    while (step := wf.next_step()) is not None:
+        req, text = await clients.send(step, wf.id, t0)
+        log.requests.append(req)
+        on_request(1)
+        rec.steps += 1
+        if req.error is not None:
+            rec.error = True
+            break
+        wf.record(step, text)
+    rec.end = time.monotonic() - t0
+    rec.success = not rec.error and wf.succeeded  # its last answer ended with [correct]
+
+
+def poisson_arrivals(rate: float, horizon_s: float, seed: int) -> list[float]:
+    """Arrival offsets (s) of a Poisson process at ``rate``/s over ``horizon_s``, fixed by ``seed``."""
+    rng = random.Random(f"arrivals:{seed}:{rate}")
+    out, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= horizon_s:
+            return out
+        out.append(t)
+
+
+async def open_loop(
+    clients: AgentClients, workload: str, seed: int, rate: float, horizon_s: float, drain_s: float,
+    log: RunLog, on_request: Progress, t0: float,
+) -> None:  # fmt: skip
+    """Start workflow ``i`` at the ``i``-th Poisson arrival; wait up to ``drain_s`` for stragglers."""
+    tasks: list[asyncio.Task[None]] = []
+    for i, at in enumerate(poisson_arrivals(rate, horizon_s, seed)):
+        await asyncio.sleep(max(0.0, at - (time.monotonic() - t0)))
+        tasks.append(asyncio.create_task(run_workflow(clients, make_workflow(workload, seed, i), log, t0, on_request)))
+    await asyncio.sleep(max(0.0, horizon_s - (time.monotonic() - t0)))
+    await _drain(tasks, drain_s)
+
+
+async def closed_loop(
+    clients: AgentClients, workload: str, seed: int, users: int, horizon_s: float, drain_s: float,
+    log: RunLog, on_request: Progress, t0: float,
+) -> None:  # fmt: skip
+    """``users`` users; user ``u``'s ``k``-th workflow is index ``u * 1_000_000 + k``."""
+
+    async def user(u: int) -> None:
+        await asyncio.sleep(random.Random(f"user:{seed}:{u}").uniform(0, 1.0))  # stagger the start
+        k = 0
+        while time.monotonic() - t0 < horizon_s:
+            await run_workflow(clients, make_workflow(workload, seed, u * 1_000_000 + k), log, t0, on_request)
+            k += 1
+
+    tasks = [asyncio.create_task(user(u)) for u in range(users)]
+    await asyncio.sleep(max(0.0, horizon_s - (time.monotonic() - t0)))
+    await _drain(tasks, drain_s)
+
+
+async def _drain(tasks: list[asyncio.Task[None]], drain_s: float) -> None:
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=drain_s)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def poll_fleet(gateway_url: str, log: RunLog, t0: float, every_s: float = 0.5) -> None:
+    """Sample the gateway's /fleet (each worker's KV use, running, waiting) until cancelled."""
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                body = (await http.get(gateway_url + "/fleet")).json()
+                log.fleet_samples.append({"t": time.monotonic() - t0, "backends": body.get("backends", [])})
+            await asyncio.sleep(every_s)
+
+
+async def scrape_workers(urls: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Each worker's vLLM counters that matter to the bench (prefix cache, preemptions)."""
+    wanted = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total")
+    out: dict[str, dict[str, float]] = {}
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        for name, url in urls.items():
+            try:
+                text = (await http.get(url + "/metrics")).text
+            except httpx.HTTPError:
+                continue
+            vals: dict[str, float] = {}
+            for line in text.splitlines():
+                metric = line.split("{", 1)[0].split(" ", 1)[0]
+                if metric in wanted:
+                    with contextlib.suppress(ValueError):
+                        key = metric.removeprefix("vllm:").removesuffix("_total")
+                        vals[key] = vals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+            out[name] = vals
+    return out
+

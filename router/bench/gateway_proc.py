@@ -1,0 +1,141 @@
+"""The gateway as the bench runs it: its own process, a policy overridden, optionally profiled.
+
+    python -m router.bench.gateway_proc --config FILE --port P [--policy NAME] [--request-log F]
+                                        [--profile OUT] [--speedup X]
+
+``create_app`` over the config with ``gateway.policy`` (and the request log) replaced; the
+config's ``sim:`` workers are *not* started here (the bench starts them). With ``--profile OUT``
+the process runs under cProfile and writes ``OUT.prof`` and a text summary ``OUT.txt`` when it
+gets SIGTERM (uvicorn's graceful shutdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from router.config import Config, load_config
+from router.errors import ChimeraError
+
+
+def with_overrides(
+    cfg: Config, *, policy: str | None = None, request_log: str | None = None, speedup: float | None = None
+) -> Config:
+    """``cfg`` with the gateway's policy / request log and every sim's speedup replaced."""
+    gw_update: dict[str, object] = {}
+    if policy is not None:
+        gw_update["policy"] = policy
+    if request_log is not None:
+        gw_update["request_log"] = request_log or None
+    backends = cfg.backends
+    if speedup is not None:
+        backends = tuple(
+            b.model_copy(update={"sim": b.sim.model_copy(update={"speedup": speedup})}) if b.sim else b
+            for b in backends
+        )
+    return cfg.model_copy(update={"gateway": cfg.gateway.model_copy(update=gw_update), "backends": backends})
+
+
+def command(
+    config_path: str, port: int, *, policy: str | None, request_log: str | None = None,
+    profile: str | None = None, speedup: float | None = None,
+) -> list[str]:  # fmt: skip
+    cmd = [sys.executable, "-m", "router.bench.gateway_proc", "--config", config_path, "--port", str(port)]
+    if policy:
+        cmd += ["--policy", policy]
+    if request_log is not None:
+        cmd += ["--request-log", request_log]
+    if profile:
+        cmd += ["--profile", profile]
+    if speedup is not None:
+        cmd += ["--speedup", repr(speedup)]
+    return cmd
+
+
+def start(cmd: list[str], log_file: Path, cpu: int | None = None) -> subprocess.Popen[bytes]:
+    """Start a server process logging to ``log_file``, pinned to ``cpu`` (as ``taskset -c CPU``)."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("ab") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(proc.pid, {cpu})
+    return proc
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0, path: str = "/ready") -> None:
+    """Poll ``url + path`` until it answers 200; raise ChimeraError if the process dies or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise ChimeraError(f"server process for {url} exited with status {proc.returncode}")
+        try:
+            if httpx.get(url + path, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise ChimeraError(f"{url}{path} did not answer 200 within {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m router.bench.gateway_proc")
+    p.add_argument("--config", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--policy")
+    p.add_argument("--request-log")
+    p.add_argument("--profile")
+    p.add_argument("--speedup", type=float)
+    args = p.parse_args(argv)
+    cfg = with_overrides(
+        load_config(args.config), policy=args.policy, request_log=args.request_log, speedup=args.speedup
+    )
+    from router.app import create_app
+
+    app = create_app(cfg)
+    if not args.profile:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        return 0
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    finally:
+        prof.disable()
+        out = Path(args.profile)
+        prof.dump_stats(str(out.with_suffix(".prof")))
+        buf = io.StringIO()
+        stats = pstats.Stats(prof, stream=buf).strip_dirs()
+        buf.write("== by own time (tottime) ==\n")
+        stats.sort_stats("tottime").print_stats(35)
+        buf.write("== by cumulative time ==\n")
+        stats.sort_stats("cumulative").print_stats(35)
+        out.with_suffix(".txt").write_text(buf.getvalue(), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

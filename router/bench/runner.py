@@ -1,0 +1,204 @@
+"""`chimera bench`: the same seeded workload through a fresh gateway per policy, over the same fleet.
+
+For every seed, load point (rate or users) and policy: the config's ``sim:`` workers are started
+afresh (caches start cold for every policy), a gateway process with the policy overridden is
+started on a free port, the workload is offered, the measured part is summarized into one
+``results.json`` entry, and everything is stopped. ``results.json`` is rewritten after every run
+so an interrupted bench keeps what it measured. Then the table is printed and the plots drawn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from router.bench import client as bc
+from router.bench import gateway_proc
+from router.bench.stats import latencies, summarize
+from router.bench.workloads import WORKLOADS, make_workflow
+from router.config import Config, load_config
+from router.errors import ConfigError
+from router.serve import running_sims
+
+ROLES_OF = {"codegen": ("planner", "coder", "tester"), "math": ("solver", "verifier"), "chat": ("chat",)}
+ROLES_OF["mixed"] = ROLES_OF["codegen"] + ROLES_OF["math"]
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    config_path: str
+    workload: str
+    policies: tuple[str, ...]
+    rates: tuple[float, ...]  # workflows/s (wall clock); empty with users
+    users: int | None
+    duration_s: float  # measured window, after the warm-up
+    warmup_s: float
+    seeds: tuple[int, ...]
+    out: str
+    speedup: float | None = None  # overrides every sim's speedup
+    drain_s: float | None = None
+    plots: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def validate(spec: BenchSpec) -> Config:
+    """Every user mistake as a ConfigError (exit 2) before anything starts."""
+    from router.policies import available
+
+    cfg = load_config(spec.config_path)
+    if spec.workload not in WORKLOADS:
+        raise ConfigError(f"unknown workload {spec.workload!r} (one of {', '.join((*WORKLOADS, 'overhead'))})",
+                          key="--workload")  # fmt: skip
+    for p in spec.policies:
+        if p not in available():
+            raise ConfigError(f"policy {p!r} is not available (available: {', '.join(available())})", key="--policies")
+    names = {a.name for a in cfg.agents}
+    missing = [r for r in ROLES_OF[spec.workload] if r not in names]
+    if missing:
+        raise ConfigError(f"{spec.config_path}: workload {spec.workload} needs agents named {', '.join(missing)}",
+                          key="agents")  # fmt: skip
+    if spec.users is None and not spec.rates:
+        raise ConfigError("give --rate R[,R...] or --users N", key="--rate")
+    return cfg
+
+
+def fleet_speedup(cfg: Config, override: float | None) -> float:
+    """The fleet's common sim speedup (1.0 for real workers); mixed speedups are a config mistake."""
+    if override is not None:
+        return override
+    speeds = {b.sim.speedup for b in cfg.backends if b.sim is not None}
+    if len(speeds) > 1:
+        raise ConfigError("the sim workers run at different speedups; give --speedup", key="backends[].sim.speedup")
+    return speeds.pop() if speeds else 1.0
+
+
+def run_bench(spec: BenchSpec) -> list[dict[str, Any]]:
+    from rich.console import Console
+
+    cfg = validate(spec)
+    speedup = fleet_speedup(cfg, spec.speedup)
+    out = Path(spec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=True)
+    points: list[tuple[str, float]] = [("users", float(spec.users))] if spec.users else [("rate", r) for r in spec.rates]
+    runs = [(seed, kind, load, policy) for seed in spec.seeds for kind, load in points for policy in spec.policies]
+    entries: list[dict[str, Any]] = []
+    raw: dict[str, dict[str, list[float]]] = {}
+    with _progress(console) as progress:
+        for n, (seed, kind, load, policy) in enumerate(runs, 1):
+            label = f"[{n}/{len(runs)}] {policy} {kind}={load:g} seed={seed}"
+            entry, lat = run_one(spec, cfg, speedup, policy, kind, load, seed, progress, label)
+            entries.append(entry)
+            console.print(f"{label}: {entry['requests']} requests, {entry['errors']} errors, "
+                          f"SLA {_pct(entry['sla_attainment'])}, success {_pct(entry['task_success'])}")
+            key = f"{policy}|{kind}={load:g}"
+            for name, values in lat.items():
+                raw.setdefault(key, {}).setdefault(name, []).extend(values)
+            (out / "results.json").write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
+    (out / "latencies.json").write_text(json.dumps(raw) + "\n", encoding="utf-8")
+    from router.bench import report
+
+    report.print_table(entries, console=None, speedup=speedup)
+    if spec.plots:
+        report.plot_all(entries, raw, out, speedup=speedup)
+    return entries
+
+
+def run_one(
+    spec: BenchSpec, cfg: Config, speedup: float, policy: str, kind: str, load: float, seed: int,
+    progress: Any, label: str,
+) -> tuple[dict[str, Any], dict[str, list[float]]]:  # fmt: skip
+    out = Path(spec.out)
+    tag = f"{policy}-{kind}{load:g}-s{seed}"
+    fleet_cfg = gateway_proc.with_overrides(cfg, speedup=spec.speedup)
+    horizon = spec.warmup_s + spec.duration_s
+    drain = spec.drain_s if spec.drain_s is not None else max(30.0, horizon)
+    log = bc.RunLog()
+    with running_sims(fleet_cfg.backends):
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = gateway_proc.command(spec.config_path, port, policy=policy, speedup=spec.speedup,
+                                   request_log=str(out / "logs" / f"requests-{tag}.jsonl"))  # fmt: skip
+        gw = gateway_proc.start(cmd, out / "logs" / f"gateway-{tag}.log")
+        try:
+            gateway_proc.wait_ready(url, gw)
+            task = progress.add_task(label, total=horizon)
+            counters = asyncio.run(_drive(spec, cfg, url, kind, load, seed, horizon, drain, log,
+                                          lambda n, t: progress.update(task, completed=min(horizon, t),
+                                                                       description=f"{label} · {n} req")))
+        finally:
+            gateway_proc.stop(gw)
+        progress.remove_task(task)
+    entry: dict[str, Any] = {"policy": policy, "workload": spec.workload, kind: load, "seed": seed}
+    entry.update(summarize(log, cfg, warmup_s=spec.warmup_s, sla_scale=1.0 / speedup))
+    entry["worker_counters"] = counters
+    hits = sum(c.get("prefix_cache_hits", 0.0) for c in counters.values())
+    queries = sum(c.get("prefix_cache_queries", 0.0) for c in counters.values())
+    entry["prefix_cache_hit_rate"] = round(hits / queries, 4) if queries else None
+    entry["config"] = {
+        "file": spec.config_path, "workload": spec.workload, "policy": policy, kind: load, "seed": seed,
+        "duration_s": spec.duration_s, "warmup_s": spec.warmup_s, "drain_s": drain, "speedup": speedup,
+        "sla_scale": round(1.0 / speedup, 4), "clock": "wall-clock latencies and rates (see speedup)",
+        "backends": [{"name": b.name, "model": b.model, "kv_budget_tokens": b.kv_budget_tokens,
+                      "tags": list(b.tags), **({"sim": b.sim.model_dump()} if b.sim else {})}
+                     for b in fleet_cfg.backends],
+        **spec.extra,
+    }  # fmt: skip
+    return entry, latencies(log, spec.warmup_s)
+
+
+async def _drive(
+    spec: BenchSpec, cfg: Config, url: str, kind: str, load: float, seed: int, horizon: float, drain: float,
+    log: bc.RunLog, show: Any,
+) -> dict[str, dict[str, float]]:  # fmt: skip
+    clients = bc.AgentClients(url, cfg)
+    make_workflow(spec.workload, seed, 0)  # fail fast on a bad workload before any load
+    t0 = time.monotonic()
+    done = [0]
+
+    def on_request(n: int) -> None:
+        done[0] += n
+
+    async def tick() -> None:
+        while True:
+            show(done[0], time.monotonic() - t0)
+            await asyncio.sleep(0.5)
+
+    pollers = [asyncio.create_task(bc.poll_fleet(url, log, t0)), asyncio.create_task(tick())]
+    try:
+        if kind == "users":
+            await bc.closed_loop(clients, spec.workload, seed, int(load), horizon, drain, log, on_request, t0)
+        else:
+            await bc.open_loop(clients, spec.workload, seed, load, horizon, drain, log, on_request, t0)
+        return await bc.scrape_workers({b.name: b.url for b in cfg.backends})
+    finally:
+        for p in pollers:
+            p.cancel()
+        await asyncio.gather(*pollers, return_exceptions=True)
+        await clients.close()
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _progress(console: Any) -> Any:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
+                    transient=True, disable=not console.is_terminal)  # fmt: skip
+
+
+def spec_dict(spec: BenchSpec) -> dict[str, Any]:
+    return asdict(spec)

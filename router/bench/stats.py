@@ -1,0 +1,124 @@
+"""From a run's records to one ``results.json`` entry (the contract's fields, plus a few extras).
+
+Definitions (vLLM's ``bench serve``): TTFT at the first content token the client sees;
+TPOT = (e2e − TTFT) / (output tokens − 1), first token excluded; a request meets its agent's SLA
+when every objective the agent declares holds (TTFT, TPOT, e2e), and errors never do; goodput is
+requests per second meeting their SLA. Only workflows that *started* after the warm-up count;
+throughput is over the measured window, from the end of the warm-up to the last completion.
+
+``sla_scale`` stretches every objective: on a simulated fleet slowed by ``speedup`` (< 1), all
+latencies are 1/speedup times the modelled GPU's, so the objectives are scaled by the same factor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from router.bench.client import RequestRecord, RunLog
+from router.config import Config
+
+
+def quantiles(values: Iterable[float]) -> dict[str, float | None]:
+    arr = np.asarray(list(values), dtype=float)
+    if arr.size == 0:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return {"p50": round(float(p50), 2), "p90": round(float(p90), 2), "p99": round(float(p99), 2),
+            "mean": round(float(arr.mean()), 2)}  # fmt: skip
+
+
+def tpot_s(r: RequestRecord) -> float | None:
+    if r.e2e_s is None or r.ttft_s is None or r.output_tokens < 2:
+        return None
+    return (r.e2e_s - r.ttft_s) / (r.output_tokens - 1)
+
+
+def meets_sla(r: RequestRecord, config: Config, scale: float) -> bool:
+    if r.error is not None or r.e2e_s is None:
+        return False
+    agent = config.agent(r.agent)
+    if agent is None:
+        return True
+    sla = agent.sla
+    if sla.ttft_ms is not None and (r.ttft_s is None or r.ttft_s * 1000 > sla.ttft_ms * scale):
+        return False
+    tpot = tpot_s(r)
+    if sla.tpot_ms is not None and tpot is not None and tpot * 1000 > sla.tpot_ms * scale:
+        return False
+    return not (sla.e2e_ms is not None and r.e2e_s * 1000 > sla.e2e_ms * scale)
+
+
+def summarize(log: RunLog, config: Config, *, warmup_s: float, sla_scale: float) -> dict[str, Any]:
+    """The measured part of one run as the contract's entry fields (without policy and config)."""
+    measured_wf = [w for w in log.workflows if w.start >= warmup_s]
+    ids = {w.id for w in measured_wf}
+    reqs = [r for r in log.requests if r.workflow in ids]
+    ok = [r for r in reqs if r.error is None and r.e2e_s is not None]
+    ends = [r.start + (r.e2e_s or 0.0) for r in ok]
+    window = max(1e-9, (max(ends) if ends else warmup_s) - warmup_s)
+    good = [r for r in reqs if meets_sla(r, config, sla_scale)]
+    finished = [w for w in measured_wf if w.end is not None]
+    tpots = [t * 1000 for r in ok if (t := tpot_s(r)) is not None]
+    by_agent: dict[str, dict[str, Any]] = {}
+    for agent in sorted({r.agent for r in reqs}):
+        mine = [r for r in reqs if r.agent == agent]
+        mine_ok = [r for r in mine if r.error is None]
+        by_agent[agent] = {
+            "requests": len(mine),
+            "sla_attainment": _share(sum(meets_sla(r, config, sla_scale) for r in mine), len(mine)),
+            "ttft_ms_p90": quantiles(r.ttft_s * 1000 for r in mine_ok if r.ttft_s is not None)["p90"],
+            "e2e_ms_p90": quantiles(r.e2e_s * 1000 for r in mine_ok if r.e2e_s is not None)["p90"],
+        }
+    models: dict[str, int] = {}
+    for r in ok:
+        models[r.model] = models.get(r.model, 0) + 1
+    return {
+        "requests": len(reqs),
+        "errors": len(reqs) - len(ok),
+        "throughput_rps": round(len(ok) / window, 3),
+        "output_tok_per_s": round(sum(r.output_tokens for r in ok) / window, 1),
+        "ttft_ms": quantiles(r.ttft_s * 1000 for r in ok if r.ttft_s is not None),
+        "e2e_ms": quantiles(r.e2e_s * 1000 for r in ok if r.e2e_s is not None),
+        "tpot_ms": quantiles(tpots),
+        "workflow_e2e_ms": quantiles((w.end - w.start) * 1000 for w in finished if w.end is not None and not w.error),
+        "sla_attainment": _share(len(good), len(reqs)),
+        "goodput_rps": round(len(good) / window, 3),
+        "task_success": _share(sum(w.success for w in measured_wf), len(measured_wf)),
+        "workflows": len(measured_wf),
+        "workflow_errors": sum(w.error for w in measured_wf),
+        "measured_s": round(window, 2),
+        "by_agent": by_agent,
+        "model_share": {m: round(n / len(ok), 3) for m, n in sorted(models.items())} if ok else {},
+        "peak_kv_usage": _peak_kv(log),
+    }
+
+
+def _share(n: int, d: int) -> float | None:
+    return round(n / d, 4) if d else None
+
+
+def _peak_kv(log: RunLog) -> dict[str, float]:
+    """Per worker, the highest KV-cache use the gateway's /fleet reported during the run."""
+    peak: dict[str, float] = {}
+    for sample in log.fleet_samples:
+        for b in sample["backends"]:
+            kv = b.get("kv_usage")
+            if isinstance(kv, int | float):
+                peak[b["name"]] = round(max(peak.get(b["name"], 0.0), float(kv)), 4)
+    return peak
+
+
+def latencies(log: RunLog, warmup_s: float) -> dict[str, list[float]]:
+    """Raw per-request latencies (ms) of the measured part, for the CDF plots."""
+    ids = {w.id for w in log.workflows if w.start >= warmup_s}
+    ok = [r for r in log.requests if r.workflow in ids and r.error is None]
+    return {
+        "ttft_ms": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
+        "e2e_ms": [r.e2e_s * 1000 for r in ok if r.e2e_s is not None],
+        "workflow_e2e_ms": [
+            (w.end - w.start) * 1000 for w in log.workflows if w.id in ids and w.end is not None and not w.error
+        ],
+    }
