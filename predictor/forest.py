@@ -1,6 +1,6 @@
 """Several fitted ``HistGradientBoostingRegressor`` s evaluated together in a few numpy operations.
 
-scikit-learn's ``predict`` costs ~0.3–1 ms per model even for 8 rows (input validation, then one
+scikit-learn's ``predict`` costs ~0.3-1 ms per model even for 8 rows (input validation, then one
 Cython call per tree). A routing decision needs six quantile models over ~8 candidate workers in
 well under a millisecond, so :class:`PackedForest` copies the trees' nodes into flat arrays once
 (after ``fit``) and walks every tree of every model for every row at once, one tree level per step:
@@ -61,16 +61,21 @@ class PackedForest:
         self.roots = np.asarray(roots, dtype=np.int64)
         self.starts = np.asarray(starts, dtype=np.int64)
         self.baseline = np.asarray(baselines)
+        self.root_children = self.children.reshape(-1, 2)[self.roots]  # (trees, [left, right])
+        self.root_feature = self.feature[self.roots]
+        self.root_threshold = self.threshold[self.roots]
 
     def predict(self, X: Array) -> Array:
         """Raw predictions, shape ``(len(X), n_models)``."""
         X = np.ascontiguousarray(X, dtype=np.float64)
         n_rows, n_feats = X.shape
         flat = X.ravel()
-        idx = np.broadcast_to(self.roots, (n_rows, len(self.roots)))
         row_offset = (np.arange(n_rows) * n_feats)[:, None]
         feature, threshold, children = self.feature, self.threshold, self.children
-        for _ in range(self.depth):
+        # The first level reads the roots' splits directly (no gather of node ids).
+        go_right = X[:, self.root_feature] > self.root_threshold
+        idx = np.where(go_right, self.root_children[:, 1], self.root_children[:, 0])
+        for _ in range(self.depth - 1):
             go_right = flat[row_offset + feature[idx]] > threshold[idx]
             idx = children[2 * idx + go_right]
         out: Array = np.add.reduceat(self.value[idx], self.starts, axis=1) + self.baseline

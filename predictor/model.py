@@ -29,6 +29,7 @@ from predictor.latency import LatencyModel, latency_matrix
 from predictor.length import OutputLengthModel, length_matrix, length_row
 from predictor.prior import TPOT_P90_FACTOR, TTFT_P90_FACTOR, WorkerProfile, prior_latency, prior_output
 from predictor.quality import QualityModel
+from predictor.sketch import SKETCH_DIM
 from router.types import BackendView, RequestFeatures
 
 
@@ -92,7 +93,7 @@ def _priors(f: RequestFeatures, views: Sequence[BackendView], profiles: Sequence
 
 
 def _assemble(prior: Array, output: Array, remaining: Array, quality: Array, learned: Array | None) -> Prediction:
-    """Fill what the learned models did not give (NaN) from the prior; keep p90 ≥ p50."""
+    """Fill what the learned models did not give (NaN) from the prior; keep p90 >= p50."""
     ttft = np.stack([prior[:, 0], prior[:, 0] * TTFT_P90_FACTOR], axis=1)
     tpot = np.stack([prior[:, 1], prior[:, 1] * TPOT_P90_FACTOR], axis=1)
     steps = np.maximum(output - 1.0, 0.0)
@@ -163,9 +164,9 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
             rows.append(latency_matrix(s.features, (s.view,), (s.profile,), cached, output[i : i + 1], prior)[0])
         Y_lat = np.asarray([[_nan(s.ttft_s), _nan(s.tpot_s), _nan(s.e2e_s)] for s in samples])
         self.latency_ = clone(self.latency if self.latency is not None else LatencyModel()).fit(np.asarray(rows), Y_lat)
-        rated = [s for s in samples if s.score is not None and len(s.features.sketch) > 0]
+        rated = [s for s in samples if s.score is not None and len(s.features.sketch) == SKETCH_DIM]
         self.quality_ = clone(self.quality if self.quality is not None else QualityModel()).fit(
-            np.asarray([s.features.sketch for s in rated]).reshape(len(rated), -1),
+            np.asarray([s.features.sketch for s in rated]).reshape(len(rated), SKETCH_DIM),
             np.asarray([s.score for s in rated]),
             models=[s.view.model for s in rated],
         )
@@ -191,9 +192,11 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         check_is_fitted(self, "latency_")
         cached = cached_shares(features, views) if cached is None else cached
         models = [v.model for v in views]
-        codes = np.asarray([_code(self.models_, m) for m in models])
+        # Candidates of one model share a length prediction: predict once per distinct model.
+        distinct = list(dict.fromkeys(models))
+        codes = np.asarray([_code(self.models_, m) for m in distinct])
         X_len = length_matrix(features, _code(self.agents_, features.agent), codes)
-        pred = self.length_.predict(X_len)
+        pred = self.length_.predict(X_len)[[distinct.index(m) for m in models]]
         output = self._output(pred, [features.max_tokens] * len(views))
         remaining = np.where(np.isnan(pred[:, 1, 0]), output[:, 0], pred[:, 1, 0])
         prior = _priors(features, views, profiles, cached)

@@ -1,4 +1,4 @@
-"""An approximate prefix index kept in the gateway: prompt-block hash → workers that recently served it.
+"""An approximate prefix index kept in the gateway: prompt-block hash -> workers that recently served it.
 
 Bounded LRU over block hashes (:func:`predictor.sketch.prefix_hashes`), each remembering at most
 ``ways`` workers (the most recent). Hashes are chained, so a hit on block ``i`` means the whole
@@ -26,7 +26,7 @@ class PrefixIndex:
         return len(self._entries)
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
-        """Worker → number of leading blocks of ``hashes`` it was last sent."""
+        """Worker -> number of leading blocks of ``hashes`` it was last sent."""
         out: dict[str, int] = {}
         entries = self._entries
         for i, h in enumerate(hashes):
@@ -38,7 +38,7 @@ class PrefixIndex:
         return out
 
     def shares(self, hashes: Sequence[int], prompt_tokens: int) -> dict[str, float]:
-        """Worker → expected cached share of a prompt of ``prompt_tokens`` (0..1)."""
+        """Worker -> expected cached share of a prompt of ``prompt_tokens`` (0..1)."""
         if not hashes or prompt_tokens <= 0:
             return {}
         return {w: min(1.0, n * WORDS_PER_BLOCK / prompt_tokens) for w, n in self.match(hashes).items()}

@@ -3,8 +3,8 @@
 Before any training the predictor still routes sensibly: a request's TTFT is the API overhead plus
 the engine steps needed to prefill the prompts queued ahead of it and its own uncached prompt, each
 step costing the profile's linear step time at the current batch; its TPOT is one decode step at
-the batch it joins; e2e adds ``(output − 1) × TPOT``. Output length before training is the
-simulator's default answer length (lognormal, median 150, σ 0.8). p90s are p50s times fixed
+the batch it joins; e2e adds ``(output - 1) x TPOT``. Output length before training is the
+simulator's default answer length (lognormal, median 150, sigma 0.8). p90s are p50s times fixed
 factors. The learned models take these estimates as features and correct them.
 """
 
@@ -29,7 +29,7 @@ KV_PRESSURE_FROM = 0.9  # above this KV use, queueing and preemptions grow fast
 
 @dataclass(frozen=True, slots=True)
 class WorkerProfile:
-    """A worker's step-time model in wall seconds (profile seconds × ``time_scale``)."""
+    """A worker's step-time model in wall seconds (profile seconds x ``time_scale``)."""
 
     name: str
     time_scale: float

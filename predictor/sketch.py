@@ -1,7 +1,7 @@
 """Cheap text features a gateway computes once per request: a hashed sketch and prefix-block hashes.
 
 Neither needs a tokenizer. The **sketch** is scikit-learn's ``HashingVectorizer`` over the words of a
-bounded head of the prompt, hashed into :data:`SKETCH_DIM` signed buckets and L2-normalised (the
+bounded head and tail of the prompt, hashed into :data:`SKETCH_DIM` signed buckets and L2-normalised (the
 hashing trick is itself the reduction: a random projection of the bag of words). The **prefix
 hashes** approximate the worker's KV block hashes: vLLM (and the simulator) hash each full block of
 16 tokens chained to its parent; the gateway cannot tokenize, so it hashes chunks of
@@ -18,7 +18,8 @@ import numpy as np
 from sklearn.feature_extraction.text import HashingVectorizer
 
 SKETCH_DIM = 64
-SKETCH_CHARS = 1024  # the sketch reads only the prompt's head: cost is bounded whatever its size
+SKETCH_HEAD_CHARS = 768  # the sketch reads the prompt's head (task, system prompt) and tail (the latest
+SKETCH_TAIL_CHARS = 256  # instruction of a multi-turn prompt): cost is bounded whatever the prompt's size
 WORDS_PER_BLOCK = 16
 MAX_BLOCKS = 256  # prefix hashes cover at most this many leading blocks
 TEXT_CHARS = 64 * 1024  # the text gathered from a body is cut here (prefix blocks beyond are not hashed)
@@ -55,8 +56,11 @@ def prompt_text(endpoint: str, payload: Any, limit: int = TEXT_CHARS) -> str:
 
 
 def sketch(text: str) -> tuple[float, ...]:
-    """A :data:`SKETCH_DIM`-dimensional, L2-normalised hashed bag of the head's lower-cased words."""
-    m = _VECTORIZER.transform([text[:SKETCH_CHARS].lower()])
+    """A :data:`SKETCH_DIM`-dimensional, L2-normalised hashed bag of the lower-cased words of the
+    prompt's head and tail."""
+    if len(text) > SKETCH_HEAD_CHARS + SKETCH_TAIL_CHARS:
+        text = text[:SKETCH_HEAD_CHARS] + " " + text[-SKETCH_TAIL_CHARS:]
+    m = _VECTORIZER.transform([text.lower()])
     v = np.zeros(SKETCH_DIM)
     np.add.at(v, m.indices, m.data)
     n = float(np.sqrt(v @ v))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from starlette.applications import Starlette
@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from backends.client import WorkerClient, make_http_client
 from backends.prober import Prober
-from router import edge, fleet_api
+from router import edge, feedback, fleet_api
 from router.auth import AgentResolver
 from router.config import Config
 from router.errors import ClientError
@@ -44,6 +44,9 @@ from router.state import create_state
 from router.state.base import FleetState
 from router.types import Policy
 
+if TYPE_CHECKING:
+    from predictor.runtime import PredictorRuntime
+
 
 def create_app(
     config: Config,
@@ -53,7 +56,8 @@ def create_app(
     policy: Policy | None = None,
     probe: bool = True,
 ) -> Starlette:
-    chosen = policy or get_policy(config.gateway.policy, config.gateway.policy_options)
+    runtime = _predictor_runtime(config) if policy is None or config.gateway.predictor is not None else None
+    chosen = policy or _policy(config, runtime)
     policy_name = config.gateway.policy if policy is None else _name_of(policy, config.gateway.policy)
 
     @contextlib.asynccontextmanager
@@ -75,6 +79,9 @@ def create_app(
             request_log = RequestLog(config.gateway.request_log)
             await request_log.start()
             stack.push_async_callback(request_log.close)
+            if runtime is not None:
+                await runtime.start()
+                stack.push_async_callback(runtime.close)
             gateway = Gateway(
                 config=config,
                 workers=WorkerClient(client, config.gateway.timeouts),
@@ -84,6 +91,7 @@ def create_app(
                 metrics=Metrics(),
                 log=request_log,
                 agents=AgentResolver(config),
+                predictor=runtime,
             )
             yield {STATE_KEY: gateway}
 
@@ -91,6 +99,7 @@ def create_app(
         Route("/v1/chat/completions", edge.completion, methods=["POST"]),
         Route("/v1/completions", edge.completion, methods=["POST"]),
         Route("/v1/models", edge.list_models, methods=["GET"]),
+        Route("/v1/feedback", feedback.post_feedback, methods=["POST"]),
         Route("/health", fleet_api.health, methods=["GET"]),
         Route("/ready", fleet_api.ready, methods=["GET"]),
         Route("/metrics", fleet_api.metrics, methods=["GET"]),
@@ -107,6 +116,24 @@ def create_app(
         },
         lifespan=lifespan,
     )
+
+
+def _predictor_runtime(config: Config) -> PredictorRuntime | None:
+    """The gateway's predictor: for the predictive policy, or wherever ``gateway.predictor`` asks for one
+    (so that any policy's request log carries what the predictor trains on)."""
+    if config.gateway.policy != "predictive" and config.gateway.predictor is None:
+        return None
+    from predictor.runtime import PredictorRuntime
+
+    return PredictorRuntime(config)
+
+
+def _policy(config: Config, runtime: PredictorRuntime | None) -> Policy:
+    if config.gateway.policy == "predictive" and runtime is not None:
+        from router.policies.predictive import make_predictive
+
+        return make_predictive(config.gateway.policy_options, runtime.slot, runtime.profiles)
+    return get_policy(config.gateway.policy, config.gateway.policy_options)
 
 
 def _name_of(policy: Policy, default: str) -> str:

@@ -48,6 +48,10 @@ def _build_parser() -> argparse.ArgumentParser:
     from router.bench.cli import add_arguments as add_bench_arguments  # argparse only: cheap
 
     add_bench_arguments(sub.add_parser("bench", help="replay a multi-agent workload through the gateway per policy"))
+
+    from predictor.cli import add_arguments as add_predictor_arguments  # argparse only: cheap
+
+    add_predictor_arguments(sub.add_parser("predictor", help="train / evaluate the latency predictor on request logs"))
     return p
 
 
@@ -101,9 +105,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
-    from backends.sim.server import SimSettings, serve
-
     from backends.sim.profile import ProfileError
+    from backends.sim.server import SimSettings, serve
 
     try:
         settings = SimSettings(
@@ -127,7 +130,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
-_COMMANDS = {"serve": _cmd_serve, "check": _cmd_check, "sim": _cmd_sim, "bench": _cmd_bench}
+def _cmd_predictor(args: argparse.Namespace) -> int:
+    from predictor.cli import run
+
+    return run(args)
+
+
+_COMMANDS = {"serve": _cmd_serve, "check": _cmd_check, "sim": _cmd_sim, "bench": _cmd_bench,
+             "predictor": _cmd_predictor}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

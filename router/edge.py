@@ -61,6 +61,8 @@ async def completion(request: Request) -> ProxyResponse:
     record.requested_model, record.stream = parsed.model, parsed.stream
     models = resolve_models(gw.config, agent, parsed.model)
     features = build_features(endpoint, agent, models, parsed, request.headers, gw.next_seq())
+    if gw.predictor is not None:  # the prompt's sketch and prefix affinity, computed once here
+        features = gw.predictor.enrich(features, endpoint, payload, record)
     record.prompt_tokens = record.prompt_tokens_est = features.prompt_tokens
     record.max_tokens, record.message_count, record.priority = (
         features.max_tokens, features.message_count, features.priority,

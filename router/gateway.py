@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from starlette.requests import HTTPConnection
 
@@ -20,6 +20,9 @@ from router.metrics import Metrics
 from router.requestlog import RequestLog, RequestRecord
 from router.state.base import FleetState
 from router.types import Policy
+
+if TYPE_CHECKING:
+    from predictor.runtime import PredictorRuntime
 
 STATE_KEY = "gateway"
 
@@ -34,6 +37,7 @@ class Gateway:
     metrics: Metrics
     log: RequestLog
     agents: AgentResolver
+    predictor: PredictorRuntime | None = None  # sketches, prefix index, online refits (when configured)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
 
     def next_seq(self) -> int:
@@ -45,6 +49,8 @@ class Gateway:
             record.e2e_s = time.perf_counter() - record.started
         self.metrics.observe(record)
         self.log.write(record)
+        if self.predictor is not None:
+            self.predictor.observe(record)
 
 
 def gateway_of(conn: HTTPConnection) -> Gateway:

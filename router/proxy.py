@@ -61,6 +61,7 @@ class ProxyCall:
     features: RequestFeatures
     request_id: str
     record: RequestRecord
+    predicted_output: float | None = None  # the policy's predicted output tokens (reserved instead of the cap)
     _bodies: dict[str, bytes] = field(default_factory=dict)
 
     def body_for(self, model: str) -> bytes:
@@ -106,6 +107,7 @@ class ProxyResponse:
         decision, eligible = choose(gw, call.features)
         rec.policy, rec.reason = gw.policy_name, decision.reason
         rec.predicted = dict(decision.predicted) or None
+        call.predicted_output = decision.predicted.get("output_tokens")
         ranked = [n for n in dict.fromkeys(decision.ranked) if eligible.by_name(n) is not None]
         if not ranked:
             raise NoHealthyWorker("the routing policy chose no worker")
@@ -131,7 +133,7 @@ class ProxyResponse:
         assert backend is not None and view is not None
         headers = {"content-type": "application/json", "accept-encoding": "identity",
                    "x-request-id": call.request_id}  # fmt: skip
-        reservation = await gw.state.reserve(name, reserved_tokens(call.features))
+        reservation = await gw.state.reserve(name, reserved_tokens(call.features, call.predicted_output))
         try:
             opened = await gw.workers.open(
                 backend, call.path, call.body_for(backend.model), headers, stream=call.features.stream
@@ -139,6 +141,8 @@ class ProxyResponse:
             try:
                 rec.backend, rec.model = name, backend.model
                 rec.fleet = _fleet_features(view)
+                if gw.predictor is not None:
+                    rec.fleet.update(gw.predictor.dispatched(call.features, name))
                 if opened.status_code >= 400 or not call.features.stream:
                     await self._send_whole(opened, send)
                 else:
@@ -174,16 +178,22 @@ class ProxyResponse:
 
     async def _send_stream(self, opened: WorkerResponse, send: Send) -> None:
         gw, rec = self.gw, self.call.record
-        rec.ttft_s = time.perf_counter() - rec.started
+        # TTFT is taken at the first *content* event: a chat stream may open with a role-only event
+        # before any token exists (the simulator sends it at once), which is not a first token.
+        opening = self.call.features.endpoint == "chat"
         cutter = SSECutter()
         headers = [(k.encode(), v.encode()) for k, v in self._headers(opened.backend, opened).items()]
         await send({"type": "http.response.start", "status": opened.status_code, "headers": headers})
         try:
             if first := cutter.feed(opened.first_chunk):
                 await send({"type": "http.response.body", "body": first, "more_body": True})
+            if cutter.content_events(opening_event=opening):
+                rec.ttft_s = time.perf_counter() - rec.started
             async for chunk in opened.chunks():
                 if out := cutter.feed(chunk):
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                    if rec.ttft_s is None and cutter.content_events(opening_event=opening):
+                        rec.ttft_s = time.perf_counter() - rec.started
         except WorkerError as exc:
             # Too late to retry: the client has part of the answer. Close with an error event.
             rec.outcome, rec.error = "worker_error", type(exc).__name__
@@ -276,4 +286,7 @@ def _fleet_features(v: BackendView) -> dict[str, Any]:
         "waiting": v.waiting,
         "kv_usage": v.kv_usage,
         "metrics_age_s": v.metrics_age_s,
+        "kv_budget_tokens": v.kv_budget_tokens,
+        "ttft_ewma_s": v.ttft_ewma_s,
+        "tpot_ewma_s": v.tpot_ewma_s,
     }

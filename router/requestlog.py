@@ -57,6 +57,9 @@ class RequestRecord:
     error: str | None = None  # the error's class name, e.g. WorkerTimeout, BadRequest
     fleet: dict[str, Any] | None = None  # the chosen worker's load at dispatch
     predicted: dict[str, float] | None = None
+    workflow_id: str | None = None  # x-workflow-id / x-workflow-stage (predictor: remaining workflow output)
+    workflow_stage: int | None = None
+    sketch: list[float] | None = None  # the prompt's hashed sketch (predictor.sketch; never the text itself)
 
     @property
     def tpot_s(self) -> float | None:
@@ -94,6 +97,12 @@ class RequestLog:
         self._buf.append(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
         if len(self._buf) >= FLUSH_LINES:
             self._wake.set()
+
+    def write_event(self, event: dict[str, Any]) -> None:
+        """Append a line that is not a request record (e.g. ``{"type": "feedback", ...}``)."""
+        if self._file is None:
+            return
+        self._buf.append(json.dumps(event, separators=(",", ":")) + "\n")
 
     async def flush(self) -> None:
         lines, self._buf = self._buf, []

@@ -133,7 +133,8 @@ async def run_workflow(clients: AgentClients, wf: Workflow, log: RunLog, t0: flo
 def poisson_arrivals(rate: float, horizon_s: float, seed: int) -> list[float]:
     """Arrival offsets (s) of a Poisson process at ``rate``/s over ``horizon_s``, fixed by ``seed``."""
     rng = random.Random(f"arrivals:{seed}:{rate}")
-    out, t = [], 0.0
+    out: list[float] = []
+    t = 0.0
     while True:
         t += rng.expovariate(rate)
         if t >= horizon_s:

@@ -17,6 +17,7 @@ import io
 import os
 import pstats
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,9 +32,10 @@ from router.errors import ChimeraError
 
 
 def with_overrides(
-    cfg: Config, *, policy: str | None = None, request_log: str | None = None, speedup: float | None = None
-) -> Config:
-    """``cfg`` with the gateway's policy / request log and every sim's speedup replaced."""
+    cfg: Config, *, policy: str | None = None, request_log: str | None = None, speedup: float | None = None,
+    urls: dict[str, str] | None = None,
+) -> Config:  # fmt: skip
+    """``cfg`` with the gateway's policy / request log, every sim's speedup and some backends' URLs replaced."""
     gw_update: dict[str, object] = {}
     if policy is not None:
         gw_update["policy"] = policy
@@ -45,12 +47,14 @@ def with_overrides(
             b.model_copy(update={"sim": b.sim.model_copy(update={"speedup": speedup})}) if b.sim else b
             for b in backends
         )
+    if urls:
+        backends = tuple(b.model_copy(update={"url": urls[b.name]}) if b.name in urls else b for b in backends)
     return cfg.model_copy(update={"gateway": cfg.gateway.model_copy(update=gw_update), "backends": backends})
 
 
 def command(
     config_path: str, port: int, *, policy: str | None, request_log: str | None = None,
-    profile: str | None = None, speedup: float | None = None,
+    profile: str | None = None, speedup: float | None = None, urls: dict[str, str] | None = None,
 ) -> list[str]:  # fmt: skip
     cmd = [sys.executable, "-m", "router.bench.gateway_proc", "--config", config_path, "--port", str(port)]
     if policy:
@@ -61,7 +65,15 @@ def command(
         cmd += ["--profile", profile]
     if speedup is not None:
         cmd += ["--speedup", repr(speedup)]
+    for name, url in (urls or {}).items():
+        cmd += ["--backend-url", f"{name}={url}"]
     return cmd
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def start(cmd: list[str], log_file: Path, cpu: int | None = None) -> subprocess.Popen[bytes]:
@@ -109,9 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--request-log")
     p.add_argument("--profile")
     p.add_argument("--speedup", type=float)
+    p.add_argument("--backend-url", action="append", default=[], metavar="NAME=URL", help="move a backend")
     args = p.parse_args(argv)
+    urls = dict(item.split("=", 1) for item in args.backend_url)
     cfg = with_overrides(
-        load_config(args.config), policy=args.policy, request_log=args.request_log, speedup=args.speedup
+        load_config(args.config), policy=args.policy, request_log=args.request_log, speedup=args.speedup, urls=urls
     )
     from router.app import create_app
 
@@ -119,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.profile:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
         return 0
+    # uvicorn re-raises the SIGTERM it caught once it has shut down; a no-op handler lets the
+    # profile below be written instead of the process dying on the spot.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     prof = cProfile.Profile()
     prof.enable()
     try:

@@ -55,7 +55,7 @@ def print_table(entries: Sequence[dict[str, Any]], *, console: Any = None, speed
     from rich.console import Console
     from rich.table import Table
 
-    note = f" — sims at speedup {speedup:g}: latencies in wall ms ({speedup:g}× = H200 time)" if speedup != 1 else ""
+    note = f" — sims at speedup {speedup:g}: latencies in wall ms (x{speedup:g} = H200 time)" if speedup != 1 else ""
     table = Table(title=f"chimera bench (mean over seeds; ± std){note}", title_justify="left")
     for h in ("policy", "load", "seeds", "req", "err", *(c[0] for c in COLUMNS), "peak KV"):
         table.add_column(h, justify="left" if h in ("policy", "load") else "right")
@@ -97,7 +97,7 @@ def _cdfs(raw: dict[str, dict[str, list[float]]], out: Path, note: str) -> Path:
             for key, series in sorted(raw.items()):
                 policy, at = key.split("|", 1)
                 vals = np.sort(np.asarray(series.get(metric, []), dtype=float))
-                if at != load or vals.size == 0:
+                if at != load or not vals.size:
                     continue
                 ax.plot(vals, np.arange(1, vals.size + 1) / vals.size, label=policy)
             ax.set_xscale("log")
@@ -123,9 +123,9 @@ def _sla_vs_load(entries: Sequence[dict[str, Any]], out: Path, note: str) -> Pat
     for policy in sorted({p for p, _, _ in groups}):
         pts = sorted((load, g) for (p, _, load), g in groups.items() if p == policy)
         xs = [x for x, _ in pts]
-        for ax, path in zip(axes, ("sla_attainment", "goodput_rps"), strict=True):
-            ys = [mean_of(g, path) or 0.0 for _, g in pts]
-            errs = [spread_of(g, path) or 0.0 for _, g in pts]
+        for ax, metric in zip(axes, ("sla_attainment", "goodput_rps"), strict=True):
+            ys = [mean_of(g, metric) or 0.0 for _, g in pts]
+            errs = [spread_of(g, metric) or 0.0 for _, g in pts]
             ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=policy)
     axes[0].set_ylabel("SLA attainment (share of requests)")
     axes[1].set_ylabel("goodput (requests/s meeting SLA)")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -85,7 +84,9 @@ def run_bench(spec: BenchSpec) -> list[dict[str, Any]]:
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
-    points: list[tuple[str, float]] = [("users", float(spec.users))] if spec.users else [("rate", r) for r in spec.rates]
+    points: list[tuple[str, float]] = [("rate", r) for r in spec.rates]
+    if spec.users:
+        points = [("users", float(spec.users))]
     runs = [(seed, kind, load, policy) for seed in spec.seeds for kind, load in points for policy in spec.policies]
     entries: list[dict[str, Any]] = []
     raw: dict[str, dict[str, list[float]]] = {}
@@ -103,7 +104,7 @@ def run_bench(spec: BenchSpec) -> list[dict[str, Any]]:
     (out / "latencies.json").write_text(json.dumps(raw) + "\n", encoding="utf-8")
     from router.bench import report
 
-    report.print_table(entries, console=None, speedup=speedup)
+    report.print_table(entries, console=None if console.is_terminal else Console(width=220), speedup=speedup)
     if spec.plots:
         report.plot_all(entries, raw, out, speedup=speedup)
     return entries
@@ -115,27 +116,30 @@ def run_one(
 ) -> tuple[dict[str, Any], dict[str, list[float]]]:  # fmt: skip
     out = Path(spec.out)
     tag = f"{policy}-{kind}{load:g}-s{seed}"
-    fleet_cfg = gateway_proc.with_overrides(cfg, speedup=spec.speedup)
+    # The bench starts the sims itself, so each gets a free port: a config's fixed ports may be taken
+    # by anyone else on a shared machine.
+    urls = {b.name: f"http://127.0.0.1:{gateway_proc.free_port()}" for b in cfg.backends if b.sim is not None}
+    fleet_cfg = gateway_proc.with_overrides(cfg, speedup=spec.speedup, urls=urls)
     horizon = spec.warmup_s + spec.duration_s
     drain = spec.drain_s if spec.drain_s is not None else max(30.0, horizon)
     log = bc.RunLog()
     with running_sims(fleet_cfg.backends):
-        port = _free_port()
+        port = gateway_proc.free_port()
         url = f"http://127.0.0.1:{port}"
-        cmd = gateway_proc.command(spec.config_path, port, policy=policy, speedup=spec.speedup,
+        cmd = gateway_proc.command(spec.config_path, port, policy=policy, speedup=spec.speedup, urls=urls,
                                    request_log=str(out / "logs" / f"requests-{tag}.jsonl"))  # fmt: skip
         gw = gateway_proc.start(cmd, out / "logs" / f"gateway-{tag}.log")
         try:
             gateway_proc.wait_ready(url, gw)
             task = progress.add_task(label, total=horizon)
-            counters = asyncio.run(_drive(spec, cfg, url, kind, load, seed, horizon, drain, log,
+            counters = asyncio.run(_drive(spec, fleet_cfg, url, kind, load, seed, horizon, drain, log,
                                           lambda n, t: progress.update(task, completed=min(horizon, t),
                                                                        description=f"{label} · {n} req")))
         finally:
             gateway_proc.stop(gw)
         progress.remove_task(task)
     entry: dict[str, Any] = {"policy": policy, "workload": spec.workload, kind: load, "seed": seed}
-    entry.update(summarize(log, cfg, warmup_s=spec.warmup_s, sla_scale=1.0 / speedup))
+    entry.update(summarize(log, cfg, warmup_s=spec.warmup_s, duration_s=spec.duration_s, sla_scale=1.0 / speedup))
     entry["worker_counters"] = counters
     hits = sum(c.get("prefix_cache_hits", 0.0) for c in counters.values())
     queries = sum(c.get("prefix_cache_queries", 0.0) for c in counters.values())
@@ -149,7 +153,7 @@ def run_one(
                      for b in fleet_cfg.backends],
         **spec.extra,
     }  # fmt: skip
-    return entry, latencies(log, spec.warmup_s)
+    return entry, latencies(log, spec.warmup_s, spec.duration_s)
 
 
 async def _drive(
@@ -185,12 +189,6 @@ async def _drive(
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _progress(console: Any) -> Any:

@@ -1,10 +1,12 @@
 """From a run's records to one ``results.json`` entry (the contract's fields, plus a few extras).
 
 Definitions (vLLM's ``bench serve``): TTFT at the first content token the client sees;
-TPOT = (e2e − TTFT) / (output tokens − 1), first token excluded; a request meets its agent's SLA
+TPOT = (e2e - TTFT) / (output tokens - 1), first token excluded; a request meets its agent's SLA
 when every objective the agent declares holds (TTFT, TPOT, e2e), and errors never do; goodput is
-requests per second meeting their SLA. Only workflows that *started* after the warm-up count;
-throughput is over the measured window, from the end of the warm-up to the last completion.
+requests per second meeting their SLA. Latencies, SLA attainment and task success cover the
+workflows that *started* inside the measured window ``[warmup, warmup + duration)`` (followed to
+their end, however late); throughput, output tokens/s and goodput count every request that
+*finished* inside that window, divided by its length (steady-state rates).
 
 ``sla_scale`` stretches every objective: on a simulated fleet slowed by ``speedup`` (< 1), all
 latencies are 1/speedup times the modelled GPU's, so the objectives are scaled by the same factor.
@@ -51,15 +53,19 @@ def meets_sla(r: RequestRecord, config: Config, scale: float) -> bool:
     return not (sla.e2e_ms is not None and r.e2e_s * 1000 > sla.e2e_ms * scale)
 
 
-def summarize(log: RunLog, config: Config, *, warmup_s: float, sla_scale: float) -> dict[str, Any]:
+def summarize(
+    log: RunLog, config: Config, *, warmup_s: float, duration_s: float, sla_scale: float
+) -> dict[str, Any]:
     """The measured part of one run as the contract's entry fields (without policy and config)."""
-    measured_wf = [w for w in log.workflows if w.start >= warmup_s]
+    measured_wf = [w for w in log.workflows if warmup_s <= w.start < warmup_s + duration_s]
     ids = {w.id for w in measured_wf}
     reqs = [r for r in log.requests if r.workflow in ids]
     ok = [r for r in reqs if r.error is None and r.e2e_s is not None]
-    ends = [r.start + (r.e2e_s or 0.0) for r in ok]
-    window = max(1e-9, (max(ends) if ends else warmup_s) - warmup_s)
     good = [r for r in reqs if meets_sla(r, config, sla_scale)]
+    # Rates: every request that *finished* inside the window, whichever workflow it belongs to.
+    in_window = [r for r in log.requests if r.e2e_s is not None and r.error is None
+                 and warmup_s <= r.start + r.e2e_s < warmup_s + duration_s]  # fmt: skip
+    window = duration_s
     finished = [w for w in measured_wf if w.end is not None]
     tpots = [t * 1000 for r in ok if (t := tpot_s(r)) is not None]
     by_agent: dict[str, dict[str, Any]] = {}
@@ -78,18 +84,17 @@ def summarize(log: RunLog, config: Config, *, warmup_s: float, sla_scale: float)
     return {
         "requests": len(reqs),
         "errors": len(reqs) - len(ok),
-        "throughput_rps": round(len(ok) / window, 3),
-        "output_tok_per_s": round(sum(r.output_tokens for r in ok) / window, 1),
+        "throughput_rps": round(len(in_window) / window, 3),
+        "output_tok_per_s": round(sum(r.output_tokens for r in in_window) / window, 1),
         "ttft_ms": quantiles(r.ttft_s * 1000 for r in ok if r.ttft_s is not None),
         "e2e_ms": quantiles(r.e2e_s * 1000 for r in ok if r.e2e_s is not None),
         "tpot_ms": quantiles(tpots),
         "workflow_e2e_ms": quantiles((w.end - w.start) * 1000 for w in finished if w.end is not None and not w.error),
         "sla_attainment": _share(len(good), len(reqs)),
-        "goodput_rps": round(len(good) / window, 3),
+        "goodput_rps": round(sum(meets_sla(r, config, sla_scale) for r in in_window) / window, 3),
         "task_success": _share(sum(w.success for w in measured_wf), len(measured_wf)),
         "workflows": len(measured_wf),
         "workflow_errors": sum(w.error for w in measured_wf),
-        "measured_s": round(window, 2),
         "by_agent": by_agent,
         "model_share": {m: round(n / len(ok), 3) for m, n in sorted(models.items())} if ok else {},
         "peak_kv_usage": _peak_kv(log),
@@ -111,9 +116,9 @@ def _peak_kv(log: RunLog) -> dict[str, float]:
     return peak
 
 
-def latencies(log: RunLog, warmup_s: float) -> dict[str, list[float]]:
+def latencies(log: RunLog, warmup_s: float, duration_s: float) -> dict[str, list[float]]:
     """Raw per-request latencies (ms) of the measured part, for the CDF plots."""
-    ids = {w.id for w in log.workflows if w.start >= warmup_s}
+    ids = {w.id for w in log.workflows if warmup_s <= w.start < warmup_s + duration_s}
     ok = [r for r in log.requests if r.workflow in ids and r.error is None]
     return {
         "ttft_ms": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],

@@ -12,14 +12,14 @@ see (the agent, the prompt's length, its words) without being readable from the 
 * **difficulty** — the task's topic word (``TOPICS``) sets a base difficulty; the task's own
   ``D = clip(base + N(0, 0.06), 0.02, 0.98)``. Harder tasks have longer specifications
   (``40 + 200·D + U(0, 60)`` words). Step difficulty follows the workflow: the planner gets
-  ``0.6·D``; the coder/solver ``D`` (``+0.10`` after a wrong plan, ``−0.08`` per extra round);
+  ``0.6·D``; the coder/solver ``D`` (``+0.10`` after a wrong plan, ``-0.08`` per extra round);
   a tester/verifier ``0.4·D`` when the answer it checks was correct, else ``0.98`` (so a wrong
   answer seldom passes: the final verdict reflects the coder's/solver's model as well).
-* **output tokens** — ``median_role · (1 + gain_role · D) · detail · exp(σ_role · z)``, clipped to
+* **output tokens** — ``median_role · (1 + gain_role · D) · detail · exp(sigma_role · z)``, clipped to
   ``[4, 0.9 · max_tokens_role]``; ``detail`` is 0.6 / 1.0 / 1.5 as the task says "briefly" /
   nothing / "thoroughly" (probabilities 1/4, 1/2, 1/4). See ``ROLES`` for the per-role numbers.
-* **chat** — 80 % short questions (prompt ~100–500 words), 20 % long documents to summarize
-  (~3,000–8,000 words); topic words set the difficulty as above.
+* **chat** — 80 % short questions (prompt ~100-500 words), 20 % long documents to summarize
+  (~3,000-8,000 words); topic words set the difficulty as above.
 
 Workloads: ``codegen`` (planner → rounds of coder → tester until the tester's answer is
 ``[correct]``, at most 4 rounds), ``math`` (solver → verifier, at most 2 rounds), ``mixed`` (each

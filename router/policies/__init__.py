@@ -21,7 +21,17 @@ _REGISTRY: dict[str, PolicyFactory] = {
     "least_outstanding": lambda _opts: basic.least_outstanding,
     "least_kv": lambda _opts: basic.least_kv,
     "length_split": basic.make_length_split,
+    "predictive": lambda opts: _predictive(opts),
 }
+
+
+def _predictive(options: PolicyOptions) -> Policy:
+    # Imported on demand: the predictor brings scikit-learn, which the other policies do not need.
+    # Built this way it routes on the analytic prior with profiles guessed from model names;
+    # create_app builds it with the config's profiles and the gateway's online-learning slot.
+    from router.policies.predictive import make_predictive
+
+    return make_predictive(options)
 
 
 def available() -> tuple[str, ...]:

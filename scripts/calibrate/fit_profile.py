@@ -55,11 +55,13 @@ def row(**kw: float) -> dict[str, float]:
     return {c: float(kw.get(c, 0.0)) for c in EXT_COLS}
 
 
-def ttft_row(n: int, y_ms: float, key: str) -> dict:
+def ttft_row(n: int, y_ms: float, key: str, server_prefill_ms: float | None = None) -> dict:
     chunks = prefill_steps(n)
     r = row(base=len(chunks), prefill_tokens=n, prefill_attn_mtok2=sum(c * (s + c / 2) for s, c in chunks) / 1e6,
             ovh_ttft=1, eager_step=sum(1 for _, c in chunks if c > GRAPH_MAX), ttft_per_prompt_token=n)
-    return {"kind": "ttft", "key": key, "x": r, "y": y_ms / 1e3, "fit": True}
+    # client TTFT minus vLLM's own "scheduled -> first token" time: front end + queueing outside the engine step
+    front = (y_ms - server_prefill_ms) / 1e3 if server_prefill_ms else None
+    return {"kind": "ttft", "key": key, "x": r, "y": y_ms / 1e3, "fit": True, "front": front, "n": n}
 
 
 def decode_row(b: int, ctx_mid: float, y_ms: float, key: str) -> dict:
@@ -74,10 +76,10 @@ def build_rows(runs: list[dict]) -> list[dict]:
     for i, d in enumerate(runs, 1):
         for t in d.get("ttft", []):
             if isinstance(t.get("ttft_ms"), float) and math.isfinite(t["ttft_ms"]):
-                rows.append(ttft_row(t["prompt"], t["ttft_ms"], f"r{i} ttft p{t['prompt']}"))
+                rows.append(ttft_row(t["prompt"], t["ttft_ms"], f"r{i} ttft p{t['prompt']}", t.get("server_prefill_ms")))
         for t in d.get("psweep", []):
             if not t.get("as_ids") and math.isfinite(t["ttft_ms"]):
-                rows.append(ttft_row(t["prompt"], t["ttft_ms"], f"r{i} ttft p{t['prompt']}"))
+                rows.append(ttft_row(t["prompt"], t["ttft_ms"], f"r{i} ttft p{t['prompt']}", t.get("server_prefill_ms")))
         for t in d.get("tpot", []):
             st = t.get("steady")
             if st and st.get("step_ms"):
@@ -104,10 +106,22 @@ def build_rows(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def fit(rows: list[dict], cols: tuple[str, ...], use_all: bool = False) -> np.ndarray:
+def front_slope(rows: list[dict]) -> float:
+    """Seconds of front-end cost per prompt token: slope of (client TTFT - vLLM prefill time) over prompt length."""
+    pts = [(r["n"], r["front"]) for r in rows if r.get("front") is not None]
+    if len(pts) < 3:
+        return 0.0
+    n = np.array([p[0] for p in pts], float)
+    f = np.array([p[1] for p in pts], float)
+    k = np.polyfit(n, f, 1)[0]
+    return max(0.0, float(k))
+
+
+def fit(rows: list[dict], cols: tuple[str, ...], use_all: bool = False, per_token: float = 0.0) -> np.ndarray:
+    """NNLS on relative error. per_token: a fixed ttft_per_prompt_token taken off the TTFT targets first."""
     fr = [r for r in rows if r["fit"] or use_all]
     A = np.array([[r["x"][c] for c in cols] for r in fr])
-    y = np.array([r["y"] for r in fr])
+    y = np.array([r["y"] - per_token * r["x"]["ttft_per_prompt_token"] for r in fr])
     w = 1.0 / y  # relative error
     # balance the groups so that the 10 decode points do not outvote the 2 mixed-step points
     kinds = [r["kind"] for r in fr]
@@ -169,7 +183,8 @@ def main() -> None:
         runs = [d] + [json.loads(f.read_text()) for f in sorted(data.glob(f"probe2-{model}.json"))]
         rows = build_rows(runs)
         coef = fit(rows, COLS)
-        ext = fit(rows, EXT_COLS, use_all=True)
+        k = front_slope(rows)
+        ext = np.append(fit(rows, EXT_COLS[:-1], use_all=True, per_token=k), k)
         print(f"\n== {model}")
         print("  " + "  ".join(f"{c}={v:.4g}" for c, v in zip(COLS, coef, strict=True)))
         print(f"  {'point':28s} {'measured ms':>11s} {'fit ms':>9s} {'err':>7s}   {'ext fit':>8s} {'err':>7s}")
@@ -216,8 +231,9 @@ def main() -> None:
                 "extended_fit": {
                     "note": "same features plus eager_step (1 per step of more than 128 scheduled tokens: vLLM runs "
                             "those without CUDA graphs) and ttft_per_prompt_token (front-end tokenization and "
-                            "request processing, client-visible but outside the engine step); fitted on all "
-                            "points, decode batches above 128 included; not read by the simulator yet",
+                            "request processing, client-visible but outside the engine step: the slope of client "
+                            "TTFT minus vLLM's request_prefill_time over prompt length); the rest fitted by NNLS on "
+                            "all points, decode batches above 128 included; not read by the simulator yet",
                     "coef": {c: float(f"{v:.4g}") for c, v in zip(EXT_COLS, ext, strict=True)},
                     "mean_abs_rel_err": round(float(np.mean(eerrs)), 4)},
             },

@@ -1,0 +1,78 @@
+"""Saved predictors: a pickle stream of a plain header, then the estimator.
+
+The header (format, schema version, python / scikit-learn / numpy versions, creation time, free
+``meta``) is read and checked *before* the estimator is unpickled, so a model written by another
+library version is refused with a clear :class:`ArtifactError` instead of half-loading (pickled
+scikit-learn trees are only guaranteed to load in the version that wrote them). Only load files
+you trust: unpickling runs code.
+"""
+
+from __future__ import annotations
+
+import pickle
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sklearn
+
+FORMAT = "chimera-predictor"
+SCHEMA_VERSION = 1  # bump when feature columns or the Predictor's layout change
+
+
+class ArtifactError(ValueError):
+    """A predictor file cannot be used here; the message says why in one line."""
+
+
+def versions() -> dict[str, str]:
+    return {
+        "python": ".".join(platform.python_version_tuple()[:2]),
+        "sklearn": sklearn.__version__,
+        "numpy": np.__version__,
+    }
+
+
+def save(estimator: Any, path: str | Path, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``estimator`` with its header; returns the header."""
+    header = {"format": FORMAT, "schema": SCHEMA_VERSION, "versions": versions(), "created": time.time(),
+              "meta": meta or {}}  # fmt: skip
+    write(Path(path), header, estimator)
+    return header
+
+
+def write(path: Path, header: dict[str, Any], estimator: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        pickle.dump(header, f, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.dump(estimator, f, protocol=pickle.HIGHEST_PROTOCOL)
+    tmp.replace(path)  # readers never see a half-written model
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    try:
+        with Path(path).open("rb") as f:
+            header = pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError) as exc:
+        raise ArtifactError(f"{path}: cannot read a predictor: {exc}") from exc
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ArtifactError(f"{path}: not a chimera predictor file")
+    return header
+
+
+def load(path: str | Path) -> tuple[Any, dict[str, Any]]:
+    """The estimator and its header. Raises ArtifactError on a schema or library version mismatch."""
+    header = read_header(path)
+    if header.get("schema") != SCHEMA_VERSION:
+        raise ArtifactError(f"{path}: predictor schema {header.get('schema')} but this code reads {SCHEMA_VERSION}; "
+                            "retrain with `chimera predictor train`")  # fmt: skip
+    saved, here = header.get("versions", {}), versions()
+    wrong = [f"{k} {saved.get(k)} (here {v})" for k, v in here.items() if saved.get(k) != v]
+    if wrong:
+        raise ArtifactError(f"{path}: written with {', '.join(wrong)}; retrain with `chimera predictor train`")
+    with Path(path).open("rb") as f:
+        pickle.load(f)
+        estimator = pickle.load(f)
+    return estimator, header

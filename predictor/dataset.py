@@ -1,0 +1,94 @@
+"""Request logs -> training samples: the same features the gateway built at dispatch.
+
+A request line (``router.requestlog``) carries what the predictor needs: the request's features
+(agent, prompt estimate, ``max_tokens``, messages, workflow id and stage, the prompt's sketch), the
+chosen worker's state at dispatch (``fleet``: load, KV use, EWMAs, profile, time scale, expected
+prefix share) and the outcome (TTFT, TPOT, e2e, completion tokens). Feedback lines
+(``{"type": "feedback", "request_id", "score"}``) attach a quality score to their request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from predictor.model import Sample
+from predictor.prior import profile_for
+from router.types import BackendView, RequestFeatures
+
+
+def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """(request records, request id -> last feedback score) of a JSON-lines log; bad lines skipped."""
+    records: list[dict[str, Any]] = []
+    feedback: dict[str, float] = {}
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            if obj.get("type") == "feedback":
+                if isinstance(obj.get("request_id"), str) and isinstance(obj.get("score"), int | float):
+                    feedback[obj["request_id"]] = float(obj["score"])
+            elif obj.get("request_id") and obj.get("endpoint"):
+                records.append(obj)
+    return records, feedback
+
+
+def usable(rec: Mapping[str, Any]) -> bool:
+    return bool(rec.get("outcome") == "ok" and rec.get("backend") and rec.get("model") and rec.get("fleet")
+                and rec.get("e2e_s"))  # fmt: skip
+
+
+def remaining_tokens(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Request id -> tokens it and its workflow's later requests generated (workflow requests only)."""
+    by_wf: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in records:
+        if r.get("workflow_id") and r.get("completion_tokens") is not None:
+            by_wf[r["workflow_id"]].append(r)
+    out: dict[str, int] = {}
+    for rs in by_wf.values():
+        total = 0
+        for r in sorted(rs, key=lambda r: r.get("ts") or 0.0, reverse=True):
+            total += int(r["completion_tokens"])
+            out[r["request_id"]] = total
+    return out
+
+
+def to_sample(rec: Mapping[str, Any], remaining: int | None = None, score: float | None = None) -> Sample:
+    fl = rec["fleet"]
+    backend, model = rec["backend"], rec["model"]
+    features = RequestFeatures(
+        agent=rec.get("agent") or "",
+        endpoint="chat" if rec.get("endpoint") == "chat" else "completions",
+        models=(model,),
+        prompt_tokens=int(rec.get("prompt_tokens_est") or rec.get("prompt_tokens") or 0),
+        max_tokens=rec.get("max_tokens"),
+        stream=bool(rec.get("stream")),
+        message_count=int(rec.get("message_count") or 1),
+        workflow_id=rec.get("workflow_id"),
+        workflow_stage=rec.get("workflow_stage"),
+        sketch=tuple(rec.get("sketch") or ()),
+        prefix_hits={backend: float(fl.get("prefix_share") or 0.0)},
+    )
+    view = BackendView(
+        name=backend, model=model, kv_budget_tokens=int(fl.get("kv_budget_tokens") or 0),
+        inflight_requests=int(fl.get("inflight_requests") or 0), inflight_tokens=int(fl.get("inflight_tokens") or 0),
+        running=fl.get("running"), waiting=fl.get("waiting"), kv_usage=fl.get("kv_usage"),
+        metrics_age_s=fl.get("metrics_age_s"), ttft_ewma_s=fl.get("ttft_ewma_s"), tpot_ewma_s=fl.get("tpot_ewma_s"),
+    )  # fmt: skip
+    profile = profile_for(fl.get("profile"), model, float(fl.get("time_scale") or 1.0))
+    return Sample(features, view, profile, rec.get("ttft_s"), rec.get("tpot_s"), rec.get("e2e_s"),
+                  rec.get("completion_tokens"), remaining, score)  # fmt: skip
+
+
+def samples(records: list[dict[str, Any]], feedback: Mapping[str, float] | None = None) -> list[Sample]:
+    """Training samples of the usable records, in log order."""
+    feedback = feedback or {}
+    rem = remaining_tokens(records)
+    return [to_sample(r, rem.get(r["request_id"]), feedback.get(r["request_id"])) for r in records if usable(r)]

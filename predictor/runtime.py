@@ -1,0 +1,144 @@
+"""The predictor inside a gateway: per-request text features, the prefix index, and online refits.
+
+:class:`PredictorRuntime` is created by ``create_app`` when the policy is ``predictive`` or
+``gateway.predictor`` is configured. Per request it
+
+* ``enrich``: computes the prompt's sketch and prefix hashes once, looks the hashes up in the local
+  :class:`PrefixIndex` (-> ``features.prefix_hits``) and notes the sketch in the request record;
+* ``dispatched``: records the prompt's blocks against the chosen worker and returns what the log
+  needs to rebuild the worker's features (profile, time scale, expected prefix share);
+* ``observe``: adds the finished request to the bounded, load-bucketed training window;
+* ``feedback``: keeps a quality score for a recent request id.
+
+In the background, every ``refit_interval_s`` it refits a :class:`Predictor` on the window in a
+worker thread (never on the event loop; the decision path never fits), swaps it into the policy's
+:class:`ModelSlot`, and optionally saves it. The prefix index is per process; sharing it between
+replicas through the fleet state is future work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections import OrderedDict
+from typing import Any
+
+from threadpoolctl import threadpool_limits
+
+from predictor import artifact
+from predictor.dataset import samples
+from predictor.model import ModelSlot, Predictor, PriorPredictor
+from predictor.prefix import PrefixIndex
+from predictor.prior import WorkerProfile, worker_profiles
+from predictor.sketch import prefix_hashes, prompt_text, sketch
+from predictor.window import TrainingWindow
+from router.config import Config, PredictorConfig
+from router.requestlog import RequestRecord
+from router.types import RequestFeatures
+
+log = logging.getLogger("chimera.predictor")
+
+MIN_NEW_FOR_REFIT = 100  # completions added since the last refit before another is worth its CPU
+
+
+class PredictorRuntime:
+    def __init__(self, config: Config) -> None:
+        self.settings = config.gateway.predictor or PredictorConfig()
+        self.profiles: dict[str, WorkerProfile] = worker_profiles(config)
+        self.slot = ModelSlot(PriorPredictor())
+        self.prefix = PrefixIndex()
+        self.window = TrainingWindow(self.settings.window)
+        self._scores: OrderedDict[str, float] = OrderedDict()
+        self._seen: OrderedDict[str, None] = OrderedDict()  # ids of requests in (or recently in) the window
+        self._fitted_at = 0
+        self._task: asyncio.Task[None] | None = None
+        self.refits = 0
+
+    async def start(self) -> None:
+        if self.settings.model:
+            estimator, header = await asyncio.to_thread(artifact.load, self.settings.model)
+            self.slot.swap(estimator)
+            log.info("predictor %s loaded (%s samples)", self.settings.model, header.get("meta", {}).get("samples"))
+        if self.settings.refit_interval_s > 0:
+            self._task = asyncio.create_task(self._refit_loop(), name="predictor-refit")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # -- per request --
+
+    def enrich(self, features: RequestFeatures, endpoint: str, payload: Any, record: RequestRecord) -> RequestFeatures:
+        text = prompt_text(endpoint, payload)
+        sk = sketch(text)
+        hashes = prefix_hashes(text)
+        record.sketch = [round(x, 4) for x in sk]
+        record.workflow_id, record.workflow_stage = features.workflow_id, features.workflow_stage
+        hits = self.prefix.shares(hashes, features.prompt_tokens)
+        return dataclasses.replace(features, sketch=sk, prefix_hashes=hashes, prefix_hits=hits)
+
+    def dispatched(self, features: RequestFeatures, backend: str) -> dict[str, Any]:
+        self.prefix.record(features.prefix_hashes, backend)
+        wp = self.profiles.get(backend)
+        return {
+            "profile": wp.name if wp else None,
+            "time_scale": wp.time_scale if wp else 1.0,
+            "prefix_share": round(features.prefix_hits.get(backend, 0.0), 4),
+        }
+
+    def observe(self, record: RequestRecord) -> None:
+        if record.outcome != "ok" or record.fleet is None or record.e2e_s is None:
+            return
+        self.window.add(record.to_json())
+        self._remember(self._seen, record.request_id, None)
+
+    def feedback(self, request_id: str, score: float) -> bool:
+        """Keep ``score`` for the next refit; True if the request is one this gateway still holds."""
+        self._remember(self._scores, request_id, score)
+        return request_id in self._seen
+
+    def _remember(self, d: OrderedDict[str, Any], key: str, value: Any) -> None:
+        d[key] = value
+        d.move_to_end(key)
+        while len(d) > 2 * self.settings.window:
+            d.popitem(last=False)
+
+    # -- refits --
+
+    async def _refit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.refit_interval_s)
+            try:
+                await self.refit()
+            except (ValueError, ArithmeticError, OSError) as exc:  # keep serving on the last good model
+                log.warning("predictor refit failed: %s", exc)
+
+    async def refit(self, force: bool = False) -> bool:
+        """Refit on the window now (in a thread); False when there is too little (new) data."""
+        added = self.window.added
+        enough = len(self.window) >= self.settings.min_samples and added - self._fitted_at >= MIN_NEW_FOR_REFIT
+        if not (enough or (force and len(self.window) > 0)):
+            return False
+        records, scores = self.window.records(), dict(self._scores)
+        estimator = await asyncio.to_thread(fit_records, records, scores)
+        self.slot.swap(estimator)
+        self._fitted_at = added
+        self.refits += 1
+        if self.settings.save:
+            await asyncio.to_thread(artifact.save, estimator, self.settings.save, {"samples": len(records)})
+        log.info("predictor refit #%d on %d completions", self.refits, len(records))
+        return True
+
+
+def fit_records(records: list[dict[str, Any]], scores: dict[str, float] | None = None) -> Predictor:
+    """Fit a Predictor on request-log records; one OpenMP thread, so a refit never starves the gateway."""
+    data = samples(records, scores)
+    if not data:
+        raise ValueError("no usable completions to fit on")
+    with threadpool_limits(limits=1, user_api="openmp"):
+        return Predictor().fit(data)

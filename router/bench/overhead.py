@@ -1,0 +1,192 @@
+"""`chimera bench --workload overhead`: what the gateway adds in front of a worker that costs nothing.
+
+A :mod:`router.bench.fastworker` process answers at once; the same open-loop Poisson stream of
+small streamed chat requests goes to it directly and then through a gateway, at each rate. The
+client is a bare asyncio HTTP/1.1 client (keep-alive pool, chunked bodies) so that it stays far
+cheaper than what it measures. Latency runs from a request's *scheduled* arrival to the end of its
+body (no coordinated omission: a saturated server shows as queueing). Pinning (Linux
+``sched_setaffinity``, what ``taskset -c`` does): the gateway on core 0, the worker and the client
+on core 1. Finally the gateway is run once more under cProfile at the first rate, and its profile
+is written to ``DIR/gateway-profile.{prof,txt}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from router.bench import gateway_proc
+from router.bench.stats import quantiles
+
+_PROMPT = [{"role": "user", "content": "say eight short words about routers please"}]
+BODY = json.dumps({"model": "auto", "stream": True, "max_tokens": 16, "messages": _PROMPT}).encode()
+CONFIG = """gateway: {{host: 127.0.0.1, port: {gw_port}, state: memory, policy: round_robin, default_agent: chat}}
+backends:
+  - {{name: fast-0, url: "http://127.0.0.1:{worker_port}", model: fast, kv_budget_tokens: 1000000}}
+agents:
+  - {{name: chat, models: [fast]}}
+"""
+
+
+class _Conn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    async def request(self, head: bytes) -> None:
+        self.writer.write(head + BODY)
+        status = await self.reader.readuntil(b"\r\n")
+        if b" 200 " not in status:
+            raise ConnectionError(status.decode(errors="replace").strip())
+        length, chunked = None, False
+        while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+        if not chunked:
+            await self.reader.readexactly(length or 0)
+            return
+        while (size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)) > 0:
+            await self.reader.readexactly(size + 2)
+        await self.reader.readuntil(b"\r\n")
+
+
+async def offer(url: str, rate: float, duration_s: float, warmup_s: float, seed: int) -> dict[str, Any]:
+    """Poisson arrivals at ``rate``/s for ``warmup_s + duration_s``; stats over the measured part."""
+    host, port = url.removeprefix("http://").split(":")
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(BODY)}\r\n\r\n").encode()  # fmt: skip
+    idle: list[_Conn] = []
+    lat: list[tuple[float, float]] = []  # (scheduled arrival, latency)
+    errors = [0]
+    rng = random.Random(f"overhead:{seed}:{rate}")
+    horizon = warmup_s + duration_s
+
+    async def one(at: float, t0: float) -> None:
+        conn = idle.pop() if idle else None
+        try:
+            if conn is None:
+                conn = _Conn(*await asyncio.open_connection(host, int(port)))
+            await asyncio.wait_for(conn.request(head), timeout=10.0)
+            lat.append((at, time.monotonic() - t0 - at))
+            idle.append(conn)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
+            errors[0] += at >= warmup_s
+            if conn is not None:
+                conn.writer.close()
+
+    tasks: list[asyncio.Task[None]] = []
+    t0 = time.monotonic()
+    at = 0.0
+    while (at := at + rng.expovariate(rate)) < horizon:
+        await asyncio.sleep(max(0.0, at - (time.monotonic() - t0)))
+        tasks.append(asyncio.create_task(one(at, t0)))
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=15.0)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        errors[0] += len(pending)
+    for conn in idle:
+        conn.writer.close()
+    measured = [ms * 1000 for a, ms in lat if a >= warmup_s]
+    finished = [a for a, ms in lat if warmup_s <= a + ms < horizon]
+    return {"requests": len(measured) + errors[0], "errors": errors[0],
+            "rps": round(len(finished) / duration_s, 1), "e2e_ms": quantiles(measured)}  # fmt: skip
+
+
+def run_overhead(
+    *, rates: tuple[float, ...], duration_s: float, warmup_s: float, out: str, pin: bool = True, seed: int = 0
+) -> list[dict[str, Any]]:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    dest = Path(out)
+    (dest / "logs").mkdir(parents=True, exist_ok=True)
+    wport, gport = gateway_proc.free_port(), gateway_proc.free_port()
+    cfg_path = dest / "overhead-config.yaml"
+    cfg_path.write_text(CONFIG.format(gw_port=gport, worker_port=wport), encoding="utf-8")
+    can_pin = pin and hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
+    cores = sorted(os.sched_getaffinity(0)) if can_pin else []
+    gw_cpu, client_cpu = (cores[0], cores[1]) if can_pin else (None, None)
+    worker_url, gw_url = f"http://127.0.0.1:{wport}", f"http://127.0.0.1:{gport}"
+    entries: list[dict[str, Any]] = []
+    before = os.sched_getaffinity(0) if can_pin else None
+    worker = gateway_proc.start([sys.executable, "-m", "router.bench.fastworker", "--port", str(wport)],
+                                dest / "logs" / "fastworker.log", cpu=client_cpu)  # fmt: skip
+    try:
+        gateway_proc.wait_ready(worker_url, worker, path="/health")
+        if client_cpu is not None:
+            os.sched_setaffinity(0, {client_cpu})
+        for rate in rates:
+            direct = asyncio.run(offer(worker_url, rate, duration_s, warmup_s, seed))
+            with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-overhead.log", gw_cpu, None):
+                via = asyncio.run(offer(gw_url, rate, duration_s, warmup_s, seed))
+            entries.append(_entry(rate, direct, via, duration_s, warmup_s, can_pin, cores))
+            console.print(f"overhead rate={rate:g}: direct {direct['rps']} rps, p50 {direct['e2e_ms']['p50']} ms; "
+                          f"gateway {via['rps']} rps, p50 {via['e2e_ms']['p50']} ms; {via['errors']} errors")
+            (dest / "results.json").write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
+        with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-profile.log", gw_cpu,
+                      str(dest / "gateway-profile")):  # fmt: skip
+            asyncio.run(offer(gw_url, rates[0], duration_s, 0.0, seed))
+    finally:
+        gateway_proc.stop(worker)
+        if before is not None:
+            os.sched_setaffinity(0, before)
+    _print(entries)
+    return entries
+
+
+@contextlib.contextmanager
+def _gateway(cfg: str, port: int, log: Path, cpu: int | None, profile: str | None) -> Any:
+    proc = gateway_proc.start(gateway_proc.command(cfg, port, policy=None, profile=profile), log, cpu=cpu)
+    try:
+        gateway_proc.wait_ready(f"http://127.0.0.1:{port}", proc)
+        yield proc
+    finally:
+        gateway_proc.stop(proc, timeout_s=30.0)
+
+
+def _entry(rate: float, direct: dict[str, Any], via: dict[str, Any], duration_s: float, warmup_s: float,
+           pinned: bool, cores: list[int]) -> dict[str, Any]:  # fmt: skip
+    def added(q: str) -> float | None:
+        a, b = via["e2e_ms"][q], direct["e2e_ms"][q]
+        return None if a is None or b is None else round(a - b, 2)
+
+    return {
+        "policy": "round_robin", "workload": "overhead", "rate": rate,
+        "requests": via["requests"], "errors": via["errors"], "throughput_rps": via["rps"],
+        "output_tok_per_s": round(via["rps"] * 8, 1), "ttft_ms": via["e2e_ms"], "e2e_ms": via["e2e_ms"],
+        "workflow_e2e_ms": via["e2e_ms"], "sla_attainment": None, "goodput_rps": None, "task_success": None,
+        "added_latency_ms": {"p50": added("p50"), "p99": added("p99")},
+        "direct_rps": direct["rps"], "gateway_rps": via["rps"],
+        "throughput_ratio": round(via["rps"] / direct["rps"], 3) if direct["rps"] else None,
+        "direct": {"requests": direct["requests"], "errors": direct["errors"], "e2e_ms": direct["e2e_ms"]},
+        "config": {"workload": "overhead", "rate": rate, "duration_s": duration_s, "warmup_s": warmup_s,
+                   "worker": "router.bench.fastworker (8 tokens, streamed)", "client": "raw asyncio HTTP/1.1",
+                   "pinning": f"gateway on core {cores[0]}; worker and client on core {cores[1]}"
+                   if pinned else "none", "latency": "scheduled arrival to end of body; ttft_ms = e2e_ms"},
+    }  # fmt: skip
+
+
+def _print(entries: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="gateway overhead (zero-latency worker)", title_justify="left")
+    for h in ("rate", "direct rps", "gateway rps", "ratio", "direct p50", "gw p50", "added p50", "added p99", "err"):
+        t.add_column(h, justify="right")
+    for e in entries:
+        t.add_row(f"{e['rate']:g}", str(e["direct_rps"]), str(e["gateway_rps"]), str(e["throughput_ratio"]),
+                  str(e["direct"]["e2e_ms"]["p50"]), str(e["e2e_ms"]["p50"]), str(e["added_latency_ms"]["p50"]),
+                  str(e["added_latency_ms"]["p99"]), str(e["errors"]))  # fmt: skip
+    Console(width=160).print(t)

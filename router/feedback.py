@@ -1,0 +1,45 @@
+"""``POST /v1/feedback``: how good an answer was, for the predictor's quality model.
+
+Body: ``{"request_id": "<the X-Request-Id of the answer>", "score": 0..1}`` or ``{..., "correct": bool}``.
+The caller is authenticated like a completion (its agent must resolve). The score is appended to the
+request log as ``{"type": "feedback", ...}`` (what ``chimera predictor train`` joins on) and handed to
+the gateway's predictor for its next online refit. Answers ``{"ok": true, "matched": bool}`` —
+``matched``: the predictor still holds that request in its training window.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from router.edge import _json, read_body
+from router.errors import BadRequest
+from router.gateway import gateway_of
+
+MAX_FEEDBACK_BYTES = 16 * 1024
+
+
+def parse_feedback(body: Any) -> tuple[str, float]:
+    if not isinstance(body, dict):
+        raise BadRequest("the feedback body must be a JSON object")
+    rid = body.get("request_id")
+    if not isinstance(rid, str) or not rid or len(rid) > 128:
+        raise BadRequest("request_id must be a non-empty string", param="request_id", code="invalid_type")
+    if isinstance(body.get("correct"), bool):
+        return rid, 1.0 if body["correct"] else 0.0
+    score = body.get("score")
+    if isinstance(score, bool) or not isinstance(score, int | float) or not 0.0 <= score <= 1.0:
+        raise BadRequest("give score (a number in [0, 1]) or correct (a boolean)", param="score", code="invalid_type")
+    return rid, float(score)
+
+
+async def post_feedback(request: Request) -> JSONResponse:
+    gw = gateway_of(request)
+    agent = gw.agents.resolve(request.headers)
+    rid, score = parse_feedback(_json(await read_body(request, MAX_FEEDBACK_BYTES)))
+    gw.log.write_event({"type": "feedback", "request_id": rid, "score": score, "agent": agent.name, "ts": time.time()})
+    matched = gw.predictor.feedback(rid, score) if gw.predictor is not None else False
+    return JSONResponse({"ok": True, "matched": matched})

@@ -1,0 +1,70 @@
+"""End to end: `chimera bench` runs real sims and gateways on loopback and writes the contract's files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from router.bench.overhead import run_overhead
+from router.bench.runner import BenchSpec, run_bench
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTRACT = {"policy", "requests", "errors", "throughput_rps", "output_tok_per_s", "ttft_ms", "e2e_ms",
+            "workflow_e2e_ms", "sla_attainment", "goodput_rps", "task_success", "config"}  # fmt: skip
+QUANTILES = {"p50", "p90", "p99", "mean"}
+
+
+def test_tiny_bench_writes_results_and_plots(tmp_path: Path) -> None:
+    spec = BenchSpec(
+        config_path=str(ROOT / "examples" / "quickstart.yaml"), workload="mixed",
+        policies=("round_robin", "least_outstanding"), rates=(6.0,), users=None, duration_s=1.5, warmup_s=0.3,
+        seeds=(1,), out=str(tmp_path), speedup=25.0, drain_s=15.0,
+    )  # fmt: skip
+    run_bench(spec)
+    entries = json.loads((tmp_path / "results.json").read_text())
+    assert [e["policy"] for e in entries] == ["round_robin", "least_outstanding"]
+    for e in entries:
+        assert CONTRACT <= set(e)
+        for key in ("ttft_ms", "e2e_ms", "workflow_e2e_ms"):
+            assert set(e[key]) == QUANTILES
+        assert e["requests"] > 0 and e["errors"] == 0
+        assert 0.0 <= e["sla_attainment"] <= 1.0 and 0.0 <= e["task_success"] <= 1.0
+        assert e["ttft_ms"]["p50"] <= e["e2e_ms"]["p50"]
+        assert e["config"]["speedup"] == 25.0 and e["config"]["workload"] == "mixed"
+        assert set(e["peak_kv_usage"]) == {"small-0", "large-0"}
+        assert e["prefix_cache_hit_rate"] is not None and e["prefix_cache_hit_rate"] > 0  # contexts grow
+    for png in ("latency_cdf.png", "sla_vs_rate.png", "frontier.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    assert list((tmp_path / "logs").glob("requests-*.jsonl"))  # the gateway's request logs, for the predictor
+
+
+def test_overhead_workload_fields(tmp_path: Path) -> None:
+    entries = run_overhead(rates=(100.0,), duration_s=1.0, warmup_s=0.2, out=str(tmp_path), pin=False)
+    (e,) = entries
+    assert CONTRACT <= set(e) and e["workload"] == "overhead"
+    assert set(e["added_latency_ms"]) == {"p50", "p99"}
+    assert e["direct_rps"] > 50 and e["gateway_rps"] > 50 and 0.5 < e["throughput_ratio"] < 1.5
+    assert e["errors"] == 0 and e["added_latency_ms"]["p50"] is not None
+    assert json.loads((tmp_path / "results.json").read_text()) == entries
+    assert "tottime" in (tmp_path / "gateway-profile.txt").read_text()
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "router.cli", "bench", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+
+
+def test_bad_arguments_exit_2_with_one_line() -> None:
+    cfg = str(ROOT / "examples" / "quickstart.yaml")
+    for args in (
+        ("--config", cfg, "--workload", "mixed", "--rate", "fast"),
+        ("--config", cfg, "--workload", "nope", "--rate", "1"),
+        ("--config", cfg, "--workload", "chat", "--rate", "1", "--policies", "fastest"),
+        ("--config", cfg, "--workload", "chat", "--rate", "-1"),
+        ("--workload", "chat", "--rate", "1"),
+    ):
+        proc = _bench(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr

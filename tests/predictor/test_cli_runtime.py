@@ -1,0 +1,65 @@
+"""`chimera predictor train|eval` on a synthetic request log, and the gateway runtime's online refit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from predictor import artifact
+from predictor.model import Predictor, PriorPredictor
+from predictor.runtime import PredictorRuntime
+from router.cli import main
+from router.requestlog import RequestRecord
+from tests.conftest import make_config
+from tests.predictor.synth import records, write_log
+
+
+def test_train_then_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    train, test = write_log(tmp_path / "train.jsonl", 300), write_log(tmp_path / "test.jsonl", 200, seed=7)
+    model = tmp_path / "p.pkl"
+    assert main(["predictor", "train", "--log", str(train), "--out", str(model), "--holdout", "0.2"]) == 0
+    assert "heldout_e2e_ms" in capsys.readouterr().out
+    assert main(["predictor", "eval", "--log", str(test), "--model", str(model), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["samples"] == 200
+    assert 0.7 <= report["e2e_ms"]["p90_coverage"] <= 1.0 and report["ttft_ms"]["p50_mape"] < 0.3
+    assert report["output_tokens"]["kendall_tau"] > 0.3
+    assert report["quality"]["n"] == 200
+    assert main(["predictor", "eval", "--log", str(test), "--model", "prior"]) == 0
+
+
+def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = write_log(tmp_path / "l.jsonl", 5)
+    assert main(["predictor", "eval", "--log", str(tmp_path / "missing.jsonl"), "--model", "prior"]) == 2
+    bad = tmp_path / "bad.pkl"
+    bad.write_bytes(b"not a pickle")
+    assert main(["predictor", "eval", "--log", str(log), "--model", str(bad)]) == 2
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"request_id": "x", "endpoint": "chat", "outcome": "client_error"}\n')
+    assert main(["predictor", "train", "--log", str(empty), "--out", str(tmp_path / "o.pkl")]) == 2
+    assert "chimera: error:" in capsys.readouterr().err
+
+
+async def test_runtime_refits_in_the_background_and_saves(tmp_path: Path) -> None:
+    cfg = make_config([{"name": "qwen2.5-0.5b-0", "url": "http://127.0.0.1:9", "model": "qwen2.5-0.5b"},
+                       {"name": "qwen2.5-7b-0", "url": "http://127.0.0.1:10", "model": "qwen2.5-7b"}],
+                      policy="predictive", predictor={"refit_interval_s": 0, "min_samples": 50,
+                                                      "save": str(tmp_path / "live.pkl")})  # fmt: skip
+    rt = PredictorRuntime(cfg)
+    await rt.start()
+    assert isinstance(rt.slot.current, PriorPredictor)
+    assert not await rt.refit()  # an empty window: nothing to fit
+    for r in records(150):
+        rec = RequestRecord(request_id=r["request_id"], endpoint="chat")
+        for k, v in r.items():
+            if k not in ("request_id", "endpoint", "tpot_s") and hasattr(rec, k):
+                setattr(rec, k, v)
+        rt.observe(rec)
+    assert rt.feedback("r0-1", 1.0) and not rt.feedback("unknown", 0.0)
+    assert await rt.refit()
+    assert isinstance(rt.slot.current, Predictor) and rt.slot.version == 1
+    loaded, header = artifact.load(tmp_path / "live.pkl")
+    assert isinstance(loaded, Predictor) and header["meta"]["samples"] == 150
+    await rt.close()

@@ -1,0 +1,63 @@
+"""A gateway with the predictive policy over two simulated workers, driven by the openai SDK."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import openai
+
+from tests.conftest import ServerThread, make_config
+
+Start = Callable[..., ServerThread]
+
+
+def test_predictive_gateway_routes_logs_predictions_and_takes_feedback(
+    sim_server: Start, gateway_server: Start, tmp_path: Path
+) -> None:
+    small = sim_server(model="qwen2.5-0.5b", profile="h200-qwen2.5-0.5b")
+    big = sim_server(model="qwen2.5-14b", profile="h200-qwen2.5-14b")
+    log = tmp_path / "requests.jsonl"
+    cfg = make_config(
+        [{"name": "small", "url": small.url, "model": "qwen2.5-0.5b", "profile": "h200-qwen2.5-0.5b"},
+         {"name": "big", "url": big.url, "model": "qwen2.5-14b", "profile": "h200-qwen2.5-14b"}],
+        agents=[{"name": "coder", "models": ["qwen2.5-14b", "qwen2.5-0.5b"], "sla": {"e2e_ms": 60000}}],
+        policy="predictive", default_agent="coder", request_log=str(log),
+        policy_options={"latency_slack": 100.0}, predictor={"refit_interval_s": 0},
+    )  # fmt: skip
+    gw = gateway_server(cfg)
+    messages = [{"role": "user", "content": "implement a parser " * 40}]
+    with openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0) as client:
+        backends, ids = [], []
+        for stage in range(3):
+            raw = client.chat.completions.with_raw_response.create(
+                model="auto", messages=messages, max_tokens=64, stream=False, extra_body={"sim": {"output_tokens": 8}},
+                extra_headers={"x-workflow-id": "wf-1", "x-workflow-stage": str(stage)},
+            )  # fmt: skip
+            assert raw.headers["x-chimera-policy"] == "predictive"
+            backends.append(raw.headers["x-chimera-backend"])
+            ids.append(raw.headers["x-request-id"])
+            messages = [*messages, {"role": "assistant", "content": raw.parse().choices[0].message.content or ""}]
+    # a huge slack: the most capable model (the 14B's prior quality) wins while both meet the SLA
+    assert backends == ["big"] * 3
+    ok = httpx.post(gw.url + "/v1/feedback", json={"request_id": ids[0], "correct": True})
+    assert ok.status_code == 200 and ok.json() == {"ok": True, "matched": True}
+    assert httpx.post(gw.url + "/v1/feedback", json={"request_id": ids[0], "score": 3}).status_code == 400
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and log.read_text().count("\n") < 4:
+        time.sleep(0.1)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    reqs = [r for r in lines if r.get("request_id") in ids and r.get("endpoint")]
+    assert len(reqs) == 3
+    for r in reqs:
+        assert {"ttft_ms", "e2e_ms", "quality", "output_tokens"} <= set(r["predicted"])
+        assert len(r["sketch"]) == 64 and r["fleet"]["profile"] == "h200-qwen2.5-14b"
+    assert [r["workflow_stage"] for r in reqs] == [0, 1, 2]
+    assert reqs[0]["fleet"]["prefix_share"] == 0.0 and reqs[2]["fleet"]["prefix_share"] > 0.5  # affinity
+    assert {"type": "feedback", "request_id": ids[0], "score": 1.0}.items() <= next(
+        r for r in lines if r.get("type") == "feedback").items()
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'chimera_prediction_error_ratio_count{target="e2e"} 3.0' in metrics

@@ -1,0 +1,106 @@
+"""scikit-learn estimator rules, the packed forest, and versioned artifacts."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.ensemble import HistGradientBoostingRegressor
+from sklearn.exceptions import NotFittedError
+from threadpoolctl import threadpool_limits
+
+from predictor import artifact
+from predictor.dataset import samples
+from predictor.forest import PackedForest
+from predictor.latency import LatencyModel
+from predictor.length import OutputLengthModel
+from predictor.model import Predictor
+from predictor.quality import QualityModel
+from tests.predictor.synth import records
+
+SMALL = {"max_iter": 15, "min_samples": 20}
+
+
+def small_predictor() -> Predictor:
+    return Predictor(length=OutputLengthModel(**SMALL), latency=LatencyModel(**SMALL))
+
+
+@pytest.fixture(scope="module")
+def fitted() -> Predictor:
+    recs = records(300)
+    scores = {r["request_id"]: float(r["model"] == "qwen2.5-7b") for r in recs}
+    with threadpool_limits(limits=1, user_api="openmp"):
+        return small_predictor().fit(samples(recs, scores))
+
+
+def test_init_only_stores_hyper_parameters_and_clone_works() -> None:
+    p = Predictor(length=OutputLengthModel(max_iter=7))
+    assert p.get_params()["length__max_iter"] == 7
+    assert not [k for k in vars(p) if k.endswith("_")]
+    assert clone(p).get_params()["length__max_iter"] == 7
+
+
+def test_not_fitted_errors() -> None:
+    s = samples(records(1))[0]
+    with pytest.raises(NotFittedError):
+        Predictor().predict(s.features, (s.view,), (s.profile,))
+    with pytest.raises(NotFittedError):
+        OutputLengthModel().predict(np.zeros((1, 3)))
+    with pytest.raises(NotFittedError):
+        QualityModel().predict_proba(np.zeros(4), ["m"], np.asarray([0.5]))
+
+
+def test_fit_returns_self_and_learns_state(fitted: Predictor) -> None:
+    data = samples(records(50, seed=3))
+    p = small_predictor()
+    assert p.fit(data) is p
+    assert fitted.length_.learned(0) and fitted.latency_.learned(0) and fitted.quality_.models_
+    s = data[0]
+    pred = fitted.predict(s.features, (s.view, s.view), (s.profile, s.profile))
+    assert pred.ttft.shape == (2, 2) and (pred.ttft[:, 1] >= pred.ttft[:, 0]).all()
+    assert (pred.output[:, 0] <= 2048).all()
+
+
+def test_quality_learns_from_feedback(fitted: Predictor) -> None:
+    s = samples(records(1))[0]
+    q = fitted.quality_.predict_proba(np.asarray(s.features.sketch), ["qwen2.5-7b", "qwen2.5-0.5b", "unseen"],
+                                      np.asarray([0.5, 0.5, 0.42]))  # fmt: skip
+    assert q[0] > 0.7 and q[1] < 0.3 and q[2] == 0.42
+
+
+def test_packed_forest_equals_sklearn() -> None:
+    rng = np.random.default_rng(0)
+    X, y = rng.random((400, 5)), rng.random(400)
+    models = [HistGradientBoostingRegressor(loss="quantile", quantile=q, max_iter=10).fit(X, y) for q in (0.5, 0.9)]
+    Xq = rng.random((8, 5))
+    expect = np.stack([m.predict(Xq) for m in models], axis=1)
+    np.testing.assert_allclose(PackedForest(models).predict(Xq), expect, rtol=1e-12, atol=1e-12)
+
+
+def test_save_load_round_trip(fitted: Predictor, tmp_path: Path) -> None:
+    path = tmp_path / "p.pkl"
+    header = artifact.save(fitted, path, {"samples": 300})
+    assert header["versions"] == artifact.versions() and header["schema"] == artifact.SCHEMA_VERSION
+    loaded, h = artifact.load(path)
+    s = samples(records(3, seed=9))[0]
+    a, b = fitted.predict(s.features, (s.view,), (s.profile,)), loaded.predict(s.features, (s.view,), (s.profile,))
+    np.testing.assert_array_equal(a.e2e, b.e2e)
+    assert h["meta"] == {"samples": 300}
+
+
+def test_mismatched_versions_and_schema_are_refused(fitted: Predictor, tmp_path: Path) -> None:
+    path = tmp_path / "old.pkl"
+    header = {"format": artifact.FORMAT, "schema": artifact.SCHEMA_VERSION, "meta": {},
+              "versions": {**artifact.versions(), "sklearn": "0.0.1"}}  # fmt: skip
+    artifact.write(path, header, fitted)
+    with pytest.raises(artifact.ArtifactError, match=r"sklearn 0\.0\.1"):
+        artifact.load(path)
+    artifact.write(path, {**header, "versions": artifact.versions(), "schema": 999}, fitted)
+    with pytest.raises(artifact.ArtifactError, match="schema 999"):
+        artifact.load(path)
+    path.write_bytes(pickle.dumps({"something": "else"}))
+    with pytest.raises(artifact.ArtifactError, match="not a chimera predictor"):
+        artifact.load(path)

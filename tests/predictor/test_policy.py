@@ -1,0 +1,111 @@
+"""The predictive policy's rule on hand-built snapshots (a stub predictor fixes the predictions)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from predictor.dataset import samples
+from predictor.model import ModelSlot, Prediction, Predictor
+from predictor.prior import WorkerProfile, profile_for
+from router.config import PolicyOptions
+from router.policies import get_policy
+from router.policies.predictive import guarded_shares, make_predictive
+from router.types import BackendView, FleetSnapshot, RequestFeatures
+from tests.predictor.synth import records
+
+
+class Fixed:
+    """Predicts e2e p90 / TTFT p90 (ms) and quality per worker name."""
+
+    def __init__(self, table: dict[str, tuple[float, float, float]]) -> None:
+        self.table = table
+
+    def predict(self, features: RequestFeatures, views: Sequence[BackendView], profiles: Sequence[WorkerProfile],
+                cached: np.ndarray | None = None) -> Prediction:  # fmt: skip
+        rows = np.asarray([self.table[v.name] for v in views]) / np.asarray([1e3, 1e3, 1.0])
+        e2e = np.stack([rows[:, 0] * 0.8, rows[:, 0]], axis=1)
+        ttft = np.stack([rows[:, 1] * 0.8, rows[:, 1]], axis=1)
+        out = np.tile([100.0, 200.0], (len(views), 1))
+        return Prediction(ttft, ttft / 10, e2e, out, out[:, 0], rows[:, 2])
+
+
+VIEWS = tuple(BackendView(name=n, model="m") for n in ("fast", "good", "best", "slow"))
+TABLE = {"fast": (1000, 100, 0.5), "good": (1250, 150, 0.8), "best": (1400, 120, 0.95), "slow": (5000, 900, 0.99)}
+
+
+def decide(features: RequestFeatures, table: dict[str, tuple[float, float, float]] = TABLE, slack: float = 1.3,
+           views: tuple[BackendView, ...] = VIEWS) -> tuple[str, ...]:  # fmt: skip
+    policy = make_predictive(PolicyOptions(latency_slack=slack), ModelSlot(Fixed(table)))
+    d = policy(features, FleetSnapshot(views))
+    assert set(d.predicted) >= {"ttft_ms", "e2e_ms", "quality", "output_tokens"}
+    return d.ranked
+
+
+def feats(**kw: object) -> RequestFeatures:
+    return RequestFeatures(agent="a", endpoint="chat", models=("m",), prompt_tokens=100, max_tokens=None,
+                           stream=True, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_most_capable_within_slack_of_the_fastest() -> None:
+    assert decide(feats())[0] == "good"  # best is 1.4x the fastest: outside the 1.3 slack
+    assert decide(feats(), slack=1.5)[0] == "best"
+    assert decide(feats(), slack=1.0)[0] == "fast"
+    assert decide(feats())[1:] == ("fast", "best", "slow")  # fallbacks by predicted e2e
+
+
+def test_sla_and_min_quality_filter_before_the_slack_rule() -> None:
+    assert decide(feats(ttft_slo_ms=130))[0] == "fast"  # good (chosen without an SLA) misses the TTFT objective
+    assert decide(feats(ttft_slo_ms=130), slack=1.5)[0] == "best"
+    assert decide(feats(min_quality=0.9))[0] == "best"
+    assert decide(feats(e2e_slo_ms=1100))[0] == "fast"
+
+
+def test_nobody_meets_the_sla_least_lateness_wins() -> None:
+    ranked = decide(feats(ttft_slo_ms=50, e2e_slo_ms=500))
+    assert ranked[0] == "fast" and ranked[-1] == "slow"
+
+
+def test_load_guard_drops_affinity_of_a_hot_worker() -> None:
+    views = (BackendView(name="hot", model="m", inflight_requests=20), BackendView(name="cold", model="m"))
+    f = feats(prefix_hits={"hot": 0.9, "cold": 0.5})
+    shares = guarded_shares(f, views, PolicyOptions(affinity_load_ratio=2.0, affinity_load_slack=4))
+    assert shares.tolist() == [0.0, 0.5]
+
+
+def test_registry_builds_a_prior_policy_that_prefers_the_idle_worker() -> None:
+    policy = get_policy("predictive")
+    views = (BackendView(name="busy", model="qwen2.5-7b", running=100, inflight_requests=100, inflight_tokens=90_000),
+             BackendView(name="idle", model="qwen2.5-7b", running=0))  # fmt: skip
+    d = policy(feats(), FleetSnapshot(views))
+    assert d.ranked == ("idle", "busy") and d.reason.startswith("predictive")
+
+
+def test_decision_micro_benchmark_over_8_workers() -> None:
+    """A benchmark, not a timed assertion: prints the p50 of a fitted predictor's decision."""
+    from predictor.latency import LatencyModel
+    from predictor.length import OutputLengthModel
+
+    with threadpool_limits(limits=1, user_api="openmp"):  # as the gateway's refits run
+        fitted = Predictor(length=OutputLengthModel(min_samples=20), latency=LatencyModel(min_samples=20)).fit(
+            samples(records(300)))  # fmt: skip
+    models = ("qwen2.5-0.5b", "qwen2.5-7b")
+    views = tuple(BackendView(name=f"w{i}", model=models[i % 2], running=i, waiting=0, kv_usage=0.05 * i,
+                              inflight_requests=i, inflight_tokens=600 * i) for i in range(8))  # fmt: skip
+    policy = make_predictive(PolicyOptions(), ModelSlot(fitted), {v.name: profile_for(None, v.model) for v in views})
+    f = samples(records(1))[0].features
+    f = RequestFeatures(**{**{k: getattr(f, k) for k in f.__slots__}, "models": models, "e2e_slo_ms": 30000.0})  # type: ignore[arg-type]
+    snap = FleetSnapshot(views)
+    for _ in range(50):
+        policy(f, snap)
+    times = []
+    for _ in range(300):
+        t = time.perf_counter()
+        policy(f, snap)
+        times.append(time.perf_counter() - t)
+    print(f"\npredictive decision over 8 workers: p50 {np.median(times) * 1e6:.0f} us, "
+          f"p99 {np.quantile(times, 0.99) * 1e6:.0f} us")  # fmt: skip
+    assert len(policy(f, snap).ranked) == 8

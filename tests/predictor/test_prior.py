@@ -1,0 +1,47 @@
+"""The analytic cold-start prior routes sensibly before any training."""
+
+from __future__ import annotations
+
+from predictor.model import PriorPredictor
+from predictor.prior import prior_latency, prior_output, profile_for
+from router.types import BackendView, RequestFeatures
+
+F = RequestFeatures(agent="a", endpoint="chat", models=("m",), prompt_tokens=1000, max_tokens=300, stream=True)
+
+
+def view(load: int = 0, **kw: object) -> BackendView:
+    return BackendView(name="w", model="qwen2.5-7b", running=load, waiting=0, inflight_requests=load,
+                       inflight_tokens=load * 800, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_more_load_means_higher_ttft_and_tpot() -> None:
+    wp = profile_for("h200-qwen2.5-7b")
+    idle, busy, queued = (prior_latency(wp, view(n), 1000, 0.0) for n in (0, 64, 2000))
+    assert idle[0] < busy[0] < queued[0]
+    assert idle[1] < busy[1]
+    # KV pressure adds to TTFT at the same load
+    assert prior_latency(wp, view(64, kv_usage=0.99), 1000, 0.0)[0] > busy[0]
+
+
+def test_bigger_model_is_slower_and_better() -> None:
+    small, big = profile_for("h200-qwen2.5-0.5b"), profile_for("h200-qwen2.5-14b")
+    for load in (0, 32):
+        s, b = prior_latency(small, view(load), 2000, 0.0), prior_latency(big, view(load), 2000, 0.0)
+        assert s[0] < b[0] and s[1] < b[1]
+    assert small.quality < big.quality
+
+
+def test_cached_prefix_and_time_scale() -> None:
+    wp = profile_for("h200-qwen2.5-7b")
+    assert prior_latency(wp, view(), 8000, 0.9)[0] < prior_latency(wp, view(), 8000, 0.0)[0]
+    slow = profile_for("h200-qwen2.5-7b", time_scale=4.0)  # a sim at speedup 0.25
+    assert abs(prior_latency(slow, view(), 1000, 0.0)[1] - 4 * prior_latency(wp, view(), 1000, 0.0)[1]) < 1e-12
+
+
+def test_unknown_model_gets_a_default_profile_and_output_is_capped() -> None:
+    assert profile_for(None, "qwen2.5-1.5b").name == "h200-qwen2.5-1.5b"
+    assert profile_for(None, "mystery-model").name == "h200-qwen2.5-7b"
+    assert prior_output(100) == (100.0, 100.0) and prior_output(None)[1] > prior_output(None)[0]
+    views = (view(0), view(40))
+    p = PriorPredictor().predict(F, views, (profile_for("h200-qwen2.5-7b"),) * 2)
+    assert p.e2e[0, 0] < p.e2e[1, 0] and (p.e2e[:, 1] >= p.e2e[:, 0]).all() and (p.output[:, 1] <= 300).all()
