@@ -56,6 +56,10 @@ def evaluate(estimator: Estimator, data: Sequence[Sample]) -> dict[str, Any]:
     out: dict[str, Any] = {"samples": n}
     for j, (name, scale) in enumerate((("ttft_ms", 1e3), ("tpot_ms", 1e3), ("e2e_ms", 1e3), ("output_tokens", 1.0))):
         out[name] = _quantile_scores(actual[:, j], pred[:, j, 0], pred[:, j, 1], scale)
+    # Diagnostic: e2e had the answer's length been known (TTFT p50 + (tokens - 1) x TPOT p50) - what is
+    # left of the e2e error once the output length's own uncertainty is taken out.
+    given = pred[:, 0, 0] + np.maximum(actual[:, 3] - 1.0, 0.0) * pred[:, 1, 0]
+    out["e2e_given_length_ms"] = _quantile_scores(actual[:, 2], given, given, 1e3)
     ok = np.isfinite(actual[:, 3])
     if ok.sum() > 2:
         tau = kendalltau(pred[ok, 3, 0], actual[ok, 3]).statistic

@@ -22,9 +22,8 @@ from typing import Any, Protocol, Self
 
 import numpy as np
 from sklearn.base import BaseEstimator, clone
-from sklearn.utils.validation import check_is_fitted
 
-from predictor.boosting import Array
+from predictor.boosting import Array, require_fitted
 from predictor.latency import LatencyModel, latency_matrix
 from predictor.length import OutputLengthModel, length_matrix, length_row
 from predictor.prior import TPOT_P90_FACTOR, TTFT_P90_FACTOR, WorkerProfile, prior_latency, prior_output
@@ -189,7 +188,7 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         profiles: Sequence[WorkerProfile],
         cached: Array | None = None,
     ) -> Prediction:
-        check_is_fitted(self, "latency_")
+        require_fitted(self, "latency_")
         cached = cached_shares(features, views) if cached is None else cached
         models = [v.model for v in views]
         # Candidates of one model share a length prediction: predict once per distinct model.

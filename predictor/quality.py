@@ -14,9 +14,8 @@ from typing import Any, Self
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.linear_model import LogisticRegression
-from sklearn.utils.validation import check_is_fitted
 
-from predictor.boosting import Array
+from predictor.boosting import Array, require_fitted
 
 
 class QualityModel(BaseEstimator):  # type: ignore[misc]
@@ -61,7 +60,7 @@ class QualityModel(BaseEstimator):  # type: ignore[misc]
 
     def predict_proba(self, sketch: Array, models: Sequence[str], priors: Array) -> Array:
         """P(good) of each of ``models`` answering the prompt whose sketch is ``sketch`` (1-D)."""
-        check_is_fitted(self, "models_")
+        require_fitted(self, "models_")
         out = np.asarray(priors, dtype=np.float64).copy()
         if not self.models_ or len(sketch) != self.n_features_in_:
             return out

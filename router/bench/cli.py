@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -56,6 +58,8 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    # SIGTERM as SystemExit, so the `finally` blocks stop the sims and gateways this bench started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seeds = tuple(args.seeds) if args.seeds else (args.seed,)
     if args.workload == "overhead":
         from router.bench.overhead import run_overhead

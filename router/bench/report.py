@@ -163,3 +163,46 @@ def _frontier(entries: Sequence[dict[str, Any]], out: Path, note: str) -> Path:
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
+
+
+def markdown_table(entries: Sequence[dict[str, Any]]) -> str:
+    """The table as Markdown (mean over seeds, ± std), for docs."""
+    heads = ["policy", "load", "seeds", "req", "err", *(c[0] for c in COLUMNS), "peak KV"]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for (policy, kind, load), group in grouped(entries).items():
+        cells = []
+        for _, path, fmt in COLUMNS:
+            m, s = mean_of(group, path), spread_of(group, path)
+            pct = "%" in fmt
+            cell = "-" if m is None else (f"{100 * m:.1f}" if pct else fmt.format(m))
+            if s:
+                cell += f" ± {100 * s:.1f}" if pct else " ± " + fmt.format(s)
+            cells.append(cell)
+        peak = max((max(e.get("peak_kv_usage", {}).values(), default=0.0) for e in group), default=0.0)
+        row = [policy, f"{kind}={load:g}", str(len(group)), str(sum(e["requests"] for e in group)),
+               str(sum(e["errors"] for e in group)), *cells, f"{100 * peak:.0f}"]  # fmt: skip
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m router.bench.report DIR [--markdown] [--plots]``: reprint (and redraw) a finished bench."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m router.bench.report")
+    p.add_argument("dir")
+    p.add_argument("--markdown", action="store_true")
+    p.add_argument("--plots", action="store_true")
+    args = p.parse_args(argv)
+    out = Path(args.dir)
+    entries = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    speedup = float(entries[0].get("config", {}).get("speedup", 1.0)) if entries else 1.0
+    print(markdown_table(entries)) if args.markdown else print_table(entries, speedup=speedup)
+    if args.plots:
+        plot_all(entries, json.loads((out / "latencies.json").read_text(encoding="utf-8")), out, speedup=speedup)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

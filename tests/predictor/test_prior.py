@@ -45,3 +45,27 @@ def test_unknown_model_gets_a_default_profile_and_output_is_capped() -> None:
     views = (view(0), view(40))
     p = PriorPredictor().predict(F, views, (profile_for("h200-qwen2.5-7b"),) * 2)
     assert p.e2e[0, 0] < p.e2e[1, 0] and (p.e2e[:, 1] >= p.e2e[:, 0]).all() and (p.output[:, 1] <= 300).all()
+
+
+def test_backend_profile_key_is_validated_and_resolved() -> None:
+    import pytest
+
+    from predictor.prior import worker_profiles
+    from router.config import parse_config
+    from router.errors import ConfigError
+
+    text = """
+gateway: {policy: predictive, default_agent: a}
+backends:
+  - {name: real, url: "http://127.0.0.1:9", model: m, kv_budget_tokens: 1000, profile: PROFILE}
+  - {name: sim, url: "http://127.0.0.1:10", model: qwen2.5-14b, kv_budget_tokens: 1000,
+     sim: {profile: h200-qwen2.5-14b, speedup: 0.5}}
+agents:
+  - {name: a, models: [m]}
+"""
+    with pytest.raises(ConfigError, match=r":4: backends\[real\]\.profile: unknown profile 'nope'"):
+        parse_config(text.replace("PROFILE", "nope"), env={})
+    cfg = parse_config(text.replace("PROFILE", "h200-qwen2.5-0.5b"), env={})
+    wps = worker_profiles(cfg)
+    assert wps["real"].name == "h200-qwen2.5-0.5b" and wps["real"].time_scale == 1.0
+    assert wps["sim"].name == "h200-qwen2.5-14b" and wps["sim"].time_scale == 2.0
