@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+import openai
 from openai import AsyncOpenAI
 
 BASE_URL = os.environ.get("CHIMERA_URL", "http://127.0.0.1:8090/v1")
@@ -77,4 +78,7 @@ async def build(task: str) -> bool:
 
 
 if __name__ == "__main__":
-    asyncio.run(build(" ".join(sys.argv[1:]) or "a command-line todo list"))
+    try:
+        asyncio.run(build(" ".join(sys.argv[1:]) or "a command-line todo list"))
+    except (openai.AuthenticationError, openai.APIConnectionError) as exc:
+        sys.exit(f"{BASE_URL}: {exc}")

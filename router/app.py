@@ -31,7 +31,8 @@ from starlette.routing import Route
 
 from backends.client import WorkerClient, make_http_client
 from backends.prober import Prober
-from router import edge, feedback, fleet_api
+from router import edge, feedback, fleet_api, openapi
+from router.admission import AdmissionController
 from router.auth import AgentResolver
 from router.config import Config
 from router.errors import ClientError
@@ -93,6 +94,9 @@ def create_app(
                 agents=AgentResolver(config),
                 predictor=runtime,
             )
+            if config.gateway.admission is not None:
+                gateway.admission = AdmissionController(config, fleet, chosen, gateway.metrics)
+                stack.push_async_callback(gateway.admission.close)
             yield {STATE_KEY: gateway}
 
     routes = [
@@ -104,6 +108,7 @@ def create_app(
         Route("/ready", fleet_api.ready, methods=["GET"]),
         Route("/metrics", fleet_api.metrics, methods=["GET"]),
         Route("/fleet", fleet_api.fleet, methods=["GET"]),
+        Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,

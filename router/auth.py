@@ -4,6 +4,8 @@ Where any agent declares ``api_keys``, the caller must send ``Authorization: Bea
 key picks the agent (compared in constant time). Where none does, the ``X-Agent`` header names
 the agent, else ``gateway.default_agent``; an ``Authorization`` header is then ignored (the
 OpenAI SDK always sends one).
+
+Where ``gateway.admin_key`` is set, the operator endpoints need it the same way (:meth:`check_admin`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,19 @@ class AgentResolver:
         self._keys = tuple((k.encode(), a) for a in config.agents for k in a.api_keys)
         self._by_name = {a.name: a for a in config.agents}
         self._default = config.agent(config.gateway.default_agent) if config.gateway.default_agent else None
+        admin = config.gateway.admin_key
+        self._admin = admin.encode() if admin else None
+
+    def check_admin(self, headers: Mapping[str, str]) -> None:
+        """The operator endpoints (/fleet, /metrics): open where no ``gateway.admin_key`` is set,
+        else ``Authorization: Bearer <admin_key>`` (constant time). Raises Unauthorized (401)."""
+        if self._admin is None:
+            return
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        ok = hmac.compare_digest(token.strip().encode(), self._admin)
+        if scheme.lower() != "bearer" or not ok:
+            raise Unauthorized("this endpoint needs the gateway's admin key: send Authorization: Bearer ADMIN_KEY",
+                               code="invalid_admin_key")  # fmt: skip
 
     def resolve(self, headers: Mapping[str, str]) -> AgentConfig:
         """The caller's agent. Raises Unauthorized (401) for no or an unknown key or agent."""

@@ -45,6 +45,10 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-num-seqs", type=int)
     m.add_argument("--max-num-batched-tokens", type=int)
 
+    from backends.workers_cli import add_arguments as add_workers_arguments  # imports no vLLM
+
+    add_workers_arguments(sub.add_parser("workers", help="start the config's real vLLM workers (launch:)"))
+
     from router.bench.cli import add_arguments as add_bench_arguments  # argparse only: cheap
 
     add_bench_arguments(sub.add_parser("bench", help="replay a multi-agent workload through the gateway per policy"))
@@ -130,6 +134,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_workers(args: argparse.Namespace) -> int:
+    from backends.workers_cli import run
+
+    return run(args)
+
+
 def _cmd_predictor(args: argparse.Namespace) -> int:
     from predictor.cli import run
 
@@ -137,7 +147,7 @@ def _cmd_predictor(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"serve": _cmd_serve, "check": _cmd_check, "sim": _cmd_sim, "bench": _cmd_bench,
-             "predictor": _cmd_predictor}  # fmt: skip
+             "predictor": _cmd_predictor, "workers": _cmd_workers}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

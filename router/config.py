@@ -152,6 +152,22 @@ class PredictorConfig(_Frozen):
     save: str | None = None  # where online refits are written (default: not saved)
 
 
+class AdmissionConfig(_Frozen):
+    """Overload handling (``gateway.admission``; absent: every request is dispatched at once).
+    See docs/OVERLOAD.md."""
+
+    kv_full_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8  # a worker is full when reservations reach this
+    max_waiting: NonNegInt | None = None  # ... or when vLLM reports more waiting requests than this
+    priority_headroom: Annotated[float, Field(ge=0, lt=1)] = 0.05  # each priority level below 0 may fill
+    # this much less of the ratio (priority 5: 0.8 x 0.75), so urgent agents always find room
+    max_queue: PosInt = 1000  # queued requests at most (beyond: 429)
+    max_queue_wait_s: PosFloat = 30.0  # the longest any request waits, SLA or not
+    aging_s: PosFloat = 5.0  # a queued request gains one priority level per aging_s waited
+    tick_s: PosFloat = 0.05  # the queue re-checks capacity this often (probes, other replicas)
+    degrade_max_tokens: PosInt = 256  # on_overload: degrade caps max_tokens to this
+    predicted_deadline: bool = True  # also unservable when the policy predicts a missed SLA
+
+
 class GatewayConfig(_Frozen):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
@@ -165,6 +181,13 @@ class GatewayConfig(_Frozen):
     timeouts: Timeouts = Timeouts()
     health: HealthConfig = HealthConfig()
     predictor: PredictorConfig | None = None
+    admission: AdmissionConfig | None = None  # overload: admission, queues, degradation
+    admin_key: str | None = None  # when set, /fleet and /metrics need `Authorization: Bearer <admin_key>`
+
+    @field_validator("admin_key")
+    @classmethod
+    def _empty_admin_key_is_none(cls, v: str | None) -> str | None:
+        return v or None  # `${ADMIN_KEY:-}` left empty: no admin key
 
     @field_validator("state")
     @classmethod

@@ -8,6 +8,7 @@ proxy unchanged.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from router.features import build_features, parse_body, resolve_models
 from router.gateway import gateway_of
 from router.middleware import COMPLETION_PATHS, RECORD_KEY, REQUEST_ID_KEY
 from router.proxy import ProxyCall, ProxyResponse
+from router.ratelimit import enforce_rate_limits
 from router.requestlog import RequestRecord
 from router.types import Endpoint
 
@@ -43,9 +45,38 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def _json(body: bytes) -> Any:
     try:
-        return json.loads(body)
+        payload = json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if _MAY_HOLD_SURROGATES.search(body) and _has_lone_surrogate(payload):
+        raise BadRequest("the request body is not valid JSON: it holds a lone UTF-16 surrogate, which is not text",
+                         code="invalid_json")  # fmt: skip
+    return payload
+
+
+# json.loads lets a lone surrogate through (an escape "\ud800", or its raw bytes, which it decodes
+# with "surrogatepass") as a str that cannot be encoded: nothing downstream (a tokenizer, the
+# predictor's sketch, a log) can use it, so it is refused here, like invalid UTF-8. The pattern is a
+# cheap pre-check: surrogate escapes, UTF-8-encoded surrogates, or a body that is not UTF-8 at all.
+_MAY_HOLD_SURROGATES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]|\A(?:\x00|.\x00|\xff\xfe|\xfe\xff)", re.S)
+
+
+def _has_lone_surrogate(payload: Any) -> bool:
+    stack = [payload]  # iterative: a payload nested as deep as json.loads allows must not recurse
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode()
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 async def completion(request: Request) -> ProxyResponse:
@@ -63,6 +94,7 @@ async def completion(request: Request) -> ProxyResponse:
     features = build_features(endpoint, agent, models, parsed, request.headers, gw.next_seq())
     if gw.predictor is not None:  # the prompt's sketch and prefix affinity, computed once here
         features = gw.predictor.enrich(features, endpoint, payload, record)
+    await enforce_rate_limits(gw, agent, features, record)
     record.prompt_tokens = record.prompt_tokens_est = features.prompt_tokens
     record.max_tokens, record.message_count, record.priority = (
         features.max_tokens, features.message_count, features.priority,

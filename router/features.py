@@ -134,6 +134,10 @@ def _header_int(headers: Mapping[str, str], name: str) -> int | None:
         return None
 
 
+def _tighter(asked: float | None, allowed: float | None) -> float | None:
+    return allowed if asked is None else asked if allowed is None else min(asked, allowed)
+
+
 def build_features(
     endpoint: Endpoint,
     agent: AgentConfig,
@@ -143,7 +147,9 @@ def build_features(
     seq: int,
 ) -> RequestFeatures:
     """Per-request features; SLA headers (``x-slo-ttft-ms``, ``x-slo-tpot-ms``, ``x-priority``)
-    override the agent's defaults where they parse, and are ignored where they do not."""
+    override the agent's defaults where they parse (and are ignored where they do not), within what
+    the agent allows: a caller may tighten its SLA and lower its priority (a larger number), never
+    loosen the SLA or rise above its agent's priority."""
     priority = _header_int(headers, "x-priority")
     return RequestFeatures(
         agent=agent.name,
@@ -154,9 +160,9 @@ def build_features(
         stream=parsed.stream,
         message_count=parsed.message_count,
         seq=seq,
-        priority=agent.priority if priority is None else priority,
-        ttft_slo_ms=_header_float(headers, "x-slo-ttft-ms") or agent.sla.ttft_ms,
-        tpot_slo_ms=_header_float(headers, "x-slo-tpot-ms") or agent.sla.tpot_ms,
+        priority=agent.priority if priority is None else max(agent.priority, priority),
+        ttft_slo_ms=_tighter(_header_float(headers, "x-slo-ttft-ms"), agent.sla.ttft_ms),
+        tpot_slo_ms=_tighter(_header_float(headers, "x-slo-tpot-ms"), agent.sla.tpot_ms),
         e2e_slo_ms=agent.sla.e2e_ms,
         min_quality=agent.min_quality,
         workflow_id=headers.get("x-workflow-id") or None,

@@ -1,4 +1,7 @@
-"""The gateway's own endpoints: /health, /ready, /metrics and /fleet."""
+"""The gateway's own endpoints: /health, /ready, /metrics and /fleet.
+
+/health and /ready stay open for probes; /metrics and /fleet need ``gateway.admin_key`` where one is set.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ async def ready(request: Request) -> JSONResponse:
 
 async def metrics(request: Request) -> Response:
     gw = gateway_of(request)
+    gw.agents.check_admin(request.headers)
     gw.metrics.refresh(gw.state.snapshot())
     gw.metrics.refresh_state(gw.state)
     body, content_type = gw.metrics.render()
@@ -36,6 +40,7 @@ async def metrics(request: Request) -> Response:
 
 async def fleet(request: Request) -> JSONResponse:
     gw = gateway_of(request)
+    gw.agents.check_admin(request.headers)
     state = gw.state
     body: dict[str, Any] = {
         "state": "degraded" if state.degraded else state.kind,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 from starlette.requests import HTTPConnection
 
 from backends.client import WorkerClient
+from router.audit import audit
 from router.auth import AgentResolver
 from router.config import Config
 from router.metrics import Metrics
@@ -23,6 +24,7 @@ from router.types import Policy
 
 if TYPE_CHECKING:
     from predictor.runtime import PredictorRuntime
+    from router.admission import AdmissionController
 
 STATE_KEY = "gateway"
 
@@ -38,17 +40,19 @@ class Gateway:
     log: RequestLog
     agents: AgentResolver
     predictor: PredictorRuntime | None = None  # sketches, prefix index, online refits (when configured)
+    admission: AdmissionController | None = None  # overload handling (when gateway.admission is configured)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
 
     def next_seq(self) -> int:
         return next(self._seq)
 
     def finish(self, record: RequestRecord) -> None:
-        """Account for a finished request exactly once: metrics and the request log."""
+        """Account for a finished request exactly once: metrics, the request log, the audit line."""
         if record.e2e_s is None:
             record.e2e_s = time.perf_counter() - record.started
         self.metrics.observe(record)
         self.log.write(record)
+        audit(record)
         if self.predictor is not None:
             self.predictor.observe(record)
 

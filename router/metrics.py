@@ -41,6 +41,15 @@ class Metrics:
                                           ["target"], buckets=RATIO_BUCKETS, registry=r)  # fmt: skip
         self.worker_failures = Counter("chimera_worker_failures_total", "Failed attempts on a worker, by kind.",
                                        ["backend", "kind"], registry=r)  # fmt: skip
+        # Overload (router.admission, router.ratelimit)
+        self.queue_depth = Gauge("chimera_queue_depth", "Requests waiting in the admission queue.",
+                                 ["agent"], registry=r)  # fmt: skip
+        self.queue_wait = Histogram("chimera_queue_wait_seconds", "Time spent in the admission queue.",
+                                    ["agent"], buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.rejections = Counter("chimera_rejections_total", "Requests answered 429, by reason.",
+                                  ["agent", "reason"], registry=r)  # fmt: skip
+        self.degradations = Counter("chimera_degradations_total", "Requests served degraded, by kind.",
+                                    ["agent", "kind"], registry=r)  # fmt: skip
 
         self._state_collector = _StateCollector()
         r.register(self._state_collector)

@@ -62,7 +62,13 @@ class ProxyCall:
     request_id: str
     record: RequestRecord
     predicted_output: float | None = None  # the policy's predicted output tokens (reserved instead of the cap)
+    degraded: str | None = None  # what admission control degraded (X-Chimera-Degraded), e.g. "max_tokens=256"
     _bodies: dict[str, bytes] = field(default_factory=dict)
+
+    def set_payload(self, payload: dict[str, Any]) -> None:
+        """Forward ``payload`` instead of the caller's body (admission control's degradation)."""
+        self.payload, self.body = payload, json.dumps(payload, separators=(",", ":")).encode()
+        self._bodies.clear()
 
     def body_for(self, model: str) -> bytes:
         """The body for a worker serving ``model``: the original bytes where the caller named that
@@ -104,7 +110,10 @@ class ProxyResponse:
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw, call, rec = self.gw, self.call, self.call.record
-        decision, eligible = choose(gw, call.features)
+        if gw.admission is not None:  # may queue, degrade the call, or raise Overloaded (429)
+            decision, eligible = await gw.admission.admit(call)
+        else:
+            decision, eligible = choose(gw, call.features)
         rec.policy, rec.reason = gw.policy_name, decision.reason
         rec.predicted = dict(decision.predicted) or None
         call.predicted_output = decision.predicted.get("output_tokens")
@@ -151,6 +160,8 @@ class ProxyResponse:
                 await opened.aclose()
         finally:
             await asyncio.shield(gw.state.release(reservation))
+            if gw.admission is not None:
+                gw.admission.wake()
         return True
 
     def _headers(self, backend: str, opened: WorkerResponse | None = None) -> dict[str, str]:
@@ -158,6 +169,8 @@ class ProxyResponse:
         h["x-chimera-backend"] = backend
         h["x-chimera-policy"] = self.gw.policy_name
         h["x-chimera-attempts"] = str(self.call.record.attempts)
+        if self.call.degraded:
+            h["x-chimera-degraded"] = self.call.degraded
         return h
 
     async def _send_whole(self, opened: WorkerResponse, send: Send) -> None:

@@ -60,6 +60,8 @@ class RequestRecord:
     workflow_id: str | None = None  # x-workflow-id / x-workflow-stage (predictor: remaining workflow output)
     workflow_stage: int | None = None
     sketch: list[float] | None = None  # the prompt's hashed sketch (predictor.sketch; never the text itself)
+    queue_wait_s: float | None = None  # time held by admission control (router.admission) before dispatch
+    degraded: str | None = None  # what admission control degraded, e.g. "max_tokens=256" (X-Chimera-Degraded)
 
     @property
     def tpot_s(self) -> float | None:

@@ -30,7 +30,9 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--config", help="YAML config (its sim: workers are started per run); not for overhead")
     b.add_argument("--workload", required=True, help="codegen | math | mixed | chat | overhead")
     b.add_argument("--policies", type=_csv(str, "policy names"), help="default: the config's policy")
-    b.add_argument("--rate", type=_csv(float, "numbers"), default=(), help="workflows/s (requests/s for overhead); a list sweeps")  # noqa: E501
+    b.add_argument(
+        "--rate", type=_csv(float, "numbers"), default=(), help="workflows/s (requests/s for overhead); a list sweeps"
+    )
     b.add_argument("--users", type=int, help="closed loop: N users instead of Poisson arrivals")
     b.add_argument("--duration", type=float, default=60.0, help="measured seconds per run, after the warm-up")
     b.add_argument("--warmup", type=float, default=10.0, help="seconds of load before measuring")

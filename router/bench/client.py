@@ -211,4 +211,3 @@ async def scrape_workers(urls: dict[str, str]) -> dict[str, dict[str, float]]:
                         vals[key] = vals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
             out[name] = vals
     return out
-

@@ -132,8 +132,10 @@ def run_overhead(
             with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-overhead.log", gw_cpu, None):
                 via = asyncio.run(offer(gw_url, rate, duration_s, warmup_s, seed))
             entries.append(_entry(rate, direct, via, duration_s, warmup_s, can_pin, cores))
-            console.print(f"overhead rate={rate:g}: direct {direct['rps']} rps, p50 {direct['e2e_ms']['p50']} ms; "
-                          f"gateway {via['rps']} rps, p50 {via['e2e_ms']['p50']} ms; {via['errors']} errors")
+            console.print(
+                f"overhead rate={rate:g}: direct {direct['rps']} rps, p50 {direct['e2e_ms']['p50']} ms; "
+                f"gateway {via['rps']} rps, p50 {via['e2e_ms']['p50']} ms; {via['errors']} errors"
+            )
             (dest / "results.json").write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
         with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-profile.log", gw_cpu,
                       str(dest / "gateway-profile")):  # fmt: skip

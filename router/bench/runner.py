@@ -95,8 +95,10 @@ def run_bench(spec: BenchSpec) -> list[dict[str, Any]]:
             label = f"[{n}/{len(runs)}] {policy} {kind}={load:g} seed={seed}"
             entry, lat = run_one(spec, cfg, speedup, policy, kind, load, seed, progress, label)
             entries.append(entry)
-            console.print(f"{label}: {entry['requests']} requests, {entry['errors']} errors, "
-                          f"SLA {_pct(entry['sla_attainment'])}, success {_pct(entry['task_success'])}")
+            console.print(
+                f"{label}: {entry['requests']} requests, {entry['errors']} errors, "
+                f"SLA {_pct(entry['sla_attainment'])}, success {_pct(entry['task_success'])}"
+            )
             key = f"{policy}|{kind}={load:g}"
             for name, values in lat.items():
                 raw.setdefault(key, {}).setdefault(name, []).extend(values)
@@ -132,9 +134,20 @@ def run_one(
         try:
             gateway_proc.wait_ready(url, gw)
             task = progress.add_task(label, total=horizon)
-            counters = asyncio.run(_drive(spec, fleet_cfg, url, kind, load, seed, horizon, drain, log,
-                                          lambda n, t: progress.update(task, completed=min(horizon, t),
-                                                                       description=f"{label} · {n} req")))
+            counters = asyncio.run(
+                _drive(
+                    spec,
+                    fleet_cfg,
+                    url,
+                    kind,
+                    load,
+                    seed,
+                    horizon,
+                    drain,
+                    log,
+                    lambda n, t: progress.update(task, completed=min(horizon, t), description=f"{label} · {n} req"),
+                )
+            )
         finally:
             gateway_proc.stop(gw)
         progress.remove_task(task)

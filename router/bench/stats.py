@@ -53,9 +53,7 @@ def meets_sla(r: RequestRecord, config: Config, scale: float) -> bool:
     return not (sla.e2e_ms is not None and r.e2e_s * 1000 > sla.e2e_ms * scale)
 
 
-def summarize(
-    log: RunLog, config: Config, *, warmup_s: float, duration_s: float, sla_scale: float
-) -> dict[str, Any]:
+def summarize(log: RunLog, config: Config, *, warmup_s: float, duration_s: float, sla_scale: float) -> dict[str, Any]:
     """The measured part of one run as the contract's entry fields (without policy and config)."""
     measured_wf = [w for w in log.workflows if warmup_s <= w.start < warmup_s + duration_s]
     ids = {w.id for w in measured_wf}

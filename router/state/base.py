@@ -88,6 +88,12 @@ class FleetState(Protocol):
 
     async def release(self, reservation: Reservation) -> None: ...
 
+    async def take_tokens(self, agent: str, requests: int, tokens: int, rpm: int | None, tpm: int | None) -> float:
+        """Rate limits: take ``requests`` and ``tokens`` from the agent's per-minute buckets (shared
+        by every replica where the state is), or neither; 0 when taken, else the seconds until they
+        would be (the Retry-After). ``None`` limits are unlimited."""
+        ...
+
     async def record_probe(self, backend: str, ok: bool, metrics: ScrapedMetrics | None) -> None:
         """Active health: a probe's outcome; ``metrics`` when /metrics was scraped."""
         ...

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from router.config import BackendConfig, HealthConfig
 from router.state.base import ReplicaLoad, Reservation, ScrapedMetrics, StateStats
+from router.state.buckets import TokenBuckets
 from router.state.table import AGE_RESOLUTION_S, EWMA_ALPHA, FleetTable
 from router.types import FleetSnapshot
 
@@ -37,6 +38,7 @@ class MemoryFleetState:
         # Ids unique per process start (the prefix) and cheap (no syscall per request, unlike uuid4).
         self._id_prefix = os.urandom(4).hex()
         self._ids = itertools.count(1)
+        self._buckets = TokenBuckets(clock)
 
     # -- lifecycle (nothing to connect to) --
 
@@ -80,6 +82,9 @@ class MemoryFleetState:
         res = self._reservations.pop(reservation.id, None)
         if res is not None:
             self._table.add_load(res.backend, -1, -res.tokens)
+
+    async def take_tokens(self, agent: str, requests: int, tokens: int, rpm: int | None, tpm: int | None) -> float:
+        return self._buckets.take(agent, requests, tokens, rpm, tpm)
 
     # -- health --
 

@@ -11,6 +11,7 @@ Keys (every key carries the hash tag ``{prefix}``, so they live in one cluster s
                               seq (increments per probe), ok, by, at (Redis ms), m (metrics JSON),
                               mat (the ``at`` of the probe that carried ``m``)
     {p}:lease:<worker>      STRING, PX: the replica elected to probe the worker
+    {p}:bucket:<agent>      HASH r, t, at: the agent's rate-limit buckets (TAKE_TOKENS), expire after 2 min idle
 
 A replica's load numbers are absolute and versioned: a write only lands if its version is newer
 than the stored one, so writes can arrive out of order, be repeated (every SYNC republishes all of
@@ -96,4 +97,27 @@ for i = 3, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('DEL', KEYS[i]) end
 end
 return 1
+"""
+
+# Rate limits: take from an agent's request and token buckets (each holds one minute's allowance,
+# refilled continuously) or from neither; returns the seconds to wait, as a string (0: taken). The
+# same arithmetic as router.state.buckets. KEYS: bucket:<agent>. ARGV: rpm, tpm (0: no limit),
+# requests, tokens
+TAKE_TOKENS = """
+local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + tonumber(tm[2]) / 1000
+local h = redis.call('HMGET', KEYS[1], 'r', 't', 'at')
+local r, t, at = tonumber(h[1]) or rpm, tonumber(h[2]) or tpm, tonumber(h[3]) or now
+local el = math.max(0, now - at) / 60000
+r, t = math.min(rpm, r + el * rpm), math.min(tpm, t + el * tpm)
+local nr, nt = math.min(tonumber(ARGV[3]), rpm), math.min(tonumber(ARGV[4]), tpm)
+local wait = 0
+if rpm > 0 and nr > r then wait = math.max(wait, (nr - r) * 60 / rpm) end
+if tpm > 0 and nt > t then wait = math.max(wait, (nt - t) * 60 / tpm) end
+if wait == 0 then r, t = r - nr, t - nt end
+redis.call('HSET', KEYS[1], 'r', string.format('%.6f', r), 't', string.format('%.6f', t),
+           'at', string.format('%.3f', now))
+redis.call('PEXPIRE', KEYS[1], 120000)
+return string.format('%.6f', wait)
 """

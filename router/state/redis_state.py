@@ -45,6 +45,7 @@ from redis.exceptions import RedisError
 from router.config import BackendConfig, HealthConfig
 from router.state import redis_lua
 from router.state.base import ReplicaLoad, Reservation, ScrapedMetrics, StateStats
+from router.state.buckets import TokenBuckets
 from router.state.options import RedisOptions
 from router.state.table import FleetTable
 from router.types import FleetSnapshot
@@ -86,6 +87,7 @@ class RedisFleetState:
         self._sync_task: asyncio.Task[None] | None = None
         self._degraded = False
         self._round_trips = self._errors = self._degraded_events = 0
+        self._buckets = TokenBuckets(clock)  # rate limits while Redis is unreachable (per replica then)
 
     # -- lifecycle --
 
@@ -101,7 +103,7 @@ class RedisFleetState:
             self._opts.url, decode_responses=True, socket_timeout=timeout, socket_connect_timeout=timeout,
             retry=Retry(NoBackoff(), 0), client_name=f"chimera-{self.replica_id}",
         )  # fmt: skip
-        for name in ("PUT", "SYNC", "PUBLISH_PROBE", "ELECT", "GOODBYE"):
+        for name in ("PUT", "SYNC", "PUBLISH_PROBE", "ELECT", "GOODBYE", "TAKE_TOKENS"):
             self._scripts[name] = self._client.register_script(getattr(redis_lua, name))
         await self.sync()
         self._sync_task = asyncio.create_task(self._sync_loop(), name=f"redis-state:{self.replica_id}")
@@ -166,6 +168,15 @@ class RedisFleetState:
         reply = await self._call("PUT", [self._key_self(), self._k_replicas], args)
         if reply is not None:
             self._table.set_other_load(backend, int(reply[0]), int(reply[1]))
+
+    async def take_tokens(self, agent: str, requests: int, tokens: int, rpm: int | None, tpm: int | None) -> float:
+        if rpm is None and tpm is None:
+            return 0.0
+        reply = await self._call("TAKE_TOKENS", ["{" + self._opts.prefix + "}:bucket:" + agent],
+                                 [rpm or 0, tpm or 0, requests, tokens])  # fmt: skip
+        if reply is None:
+            return self._buckets.take(agent, requests, tokens, rpm, tpm)
+        return float(reply)
 
     # -- health --
 

@@ -36,11 +36,11 @@ TTFT_CELLS = (128, 512, 2048, 8192)
 
 # The extended model (raw.extended_fit of each profile), patched into the simulator for the "sim ext" column only:
 # a step of more than GRAPH_MAX scheduled tokens runs without CUDA graphs and costs `eager` more, and the front
-# end delays each request by `per_token` seconds per prompt token before it reaches the engine.
+# end is a serial server that spends FE_SERIAL + PER_TOKEN * prompt_len on each request before the engine sees it.
 EXT_PATCH = """
 import asyncio
 from backends.sim import engine as _e
-_EAGER, _PER_TOKEN, _GRAPH_MAX = %r, %r, 128
+_EAGER, _PER_TOKEN, _FE_SERIAL, _GRAPH_MAX = %r, %r, %r, 128
 _schedule = _e.Engine.schedule
 def schedule(self, now):
     b = _schedule(self, now)
@@ -48,33 +48,36 @@ def schedule(self, now):
         b.duration += _EAGER / self.speedup
     return b
 def submit(self, req):
-    d = self._ttft_overhead + _PER_TOKEN * req.prompt_len / self.speedup
-    if d > 0:
-        asyncio.get_running_loop().call_later(d, self.enqueue, req)
-    else:
-        self.enqueue(req)
+    # vLLM's API server handles requests one after another: a FIFO server of FE_SERIAL + PER_TOKEN * prompt
+    # seconds per request, then the rest of the constant TTFT overhead in parallel
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    free = max(now, getattr(self, "_fe_free", 0.0)) + (_FE_SERIAL + _PER_TOKEN * req.prompt_len) / self.speedup
+    self._fe_free = free
+    loop.call_later(free - now + self._ttft_overhead, self.enqueue, req)
 _e.Engine.schedule, _e.Engine.submit = schedule, submit
 """
 
 
-def ext_profile(prof_path: Path, out: Path, sim_http_s: float) -> tuple[Path, tuple[float, float]]:
-    """A copy of the profile carrying the extended fit's coefficients; returns it and (eager, per_token)."""
+def ext_profile(prof_path: Path, out: Path, sim_http_s: float) -> tuple[Path, tuple[float, float, float]]:
+    """A copy of the profile carrying the extended fit's coefficients; returns it and the patch's constants."""
     prof = json.loads(prof_path.read_text())
     c = prof["raw"]["extended_fit"]["coef"]
+    fe = c.get("frontend_serial_s_per_request", 0.0)
     prof["step_time_s"] = {k: c[k] for k in prof["step_time_s"]}
-    prof["overhead_s"] = {"ttft": max(0.0, c["ovh_ttft"] - sim_http_s)}
+    prof["overhead_s"] = {"ttft": max(0.0, c["ovh_ttft"] - fe - sim_http_s)}
     p = out / f"ext-{prof_path.name}"
     p.write_text(json.dumps(prof))
-    return p, (c["eager_step"], c["ttft_per_prompt_token"])
+    return p, (c["eager_step"], c["ttft_per_prompt_token"], fe)
 
 
 def start_sim(profile: str, port: int, kv_tokens: int | None, speedup: float,
-              ext: tuple[float, float] | None = None) -> subprocess.Popen:
-    code = ("import sys; sys.path.insert(0, %r)\n" % str(ROOT)
-            + (EXT_PATCH % ext if ext else "")
-            + "from backends.sim.server import serve, SimSettings\n"
-            "serve(SimSettings(profile=%r, kv_tokens=%r, speedup=%r), '127.0.0.1', %d)\n"
-            % (profile, kv_tokens, speedup, port))
+              ext: tuple[float, float, float] | None = None) -> subprocess.Popen:
+    patch = EXT_PATCH.replace("%r, %r, %r", ", ".join(map(repr, ext))) if ext else ""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{patch}"
+            "from backends.sim.server import serve, SimSettings\n"
+            f"serve(SimSettings(profile={profile!r}, kv_tokens={kv_tokens!r}, speedup={speedup!r}), "
+            f"'127.0.0.1', {port})\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          start_new_session=True)
     t0 = time.time()
@@ -154,7 +157,7 @@ def run_model(model: str, a: argparse.Namespace, port: int, ext: bool = False) -
     p = start_sim(str(prof_path), port, None, 1.0, patch)
     try:
         d1 = probe(port, model, out / f"sim{tag}-{model}-ttft.json", 1.0,
-                   ["--phases", "ttft", "--quick", "--procs", "1"])
+                   ["--phases", "ttft", "--quick", "--procs", "1", "--ttft-reps", str(a.ttft_reps)])
     finally:
         stop_sim(p)
     print(f"  sim lag (ttft, speedup 1): {lag(d1)}")
@@ -243,7 +246,8 @@ def table(a: argparse.Namespace) -> list[dict]:
     if r and any(sk):
         m = f"qwen2.5-0.5b kv={r['kv_tokens']}"
         for k, name, unit in (("e2e_s_p50", "KV pressure e2e p50", "s"), ("e2e_s_p99", "KV pressure e2e p99", "s"),
-                              ("makespan_s", "KV pressure makespan", "s"), ("preemptions", "KV pressure preemptions", "#"),
+                              ("makespan_s", "KV pressure makespan", "s"),
+                              ("preemptions", "KV pressure preemptions", "#"),
                               ("max_running", "KV pressure max running", "#"),
                               ("max_waiting", "KV pressure max waiting", "#")):
             cell(rows, m, name, [r.get(k)], [x.get(k) for x in sk], unit)
@@ -252,17 +256,18 @@ def table(a: argparse.Namespace) -> list[dict]:
 
 def render(rows: list[dict]) -> str:
     def f(v: float | None) -> str:
-        return "–" if v is None else (f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}")
+        return "-" if v is None else (f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}")
 
     def e(v: float | None) -> str:
-        return "–" if v is None else f"{v:+.0%}" + (" ✗" if abs(v) > 0.10 else "")
+        return "-" if v is None else f"{v:+.0%}" + (" ✗" if abs(v) > 0.10 else "")
 
     ext = any(r["sim_ext"] is not None for r in rows)
     head = "| model | cell | real | run spread | sim | rel. err |" + (" sim ext | rel. err |" if ext else "")
     lines = [head, "|---|---|---:|---:|---:|---:|" + ("---:|---:|" if ext else "")]
     for r in rows:
-        sp = "–" if r["run_spread"] is None else f"{r['run_spread']:.0%}"
-        line = f"| {r['model']} | {r['cell']} ({r['unit']}) | {f(r['real'])} | {sp} | {f(r['sim'])} | {e(r['sim_err'])} |"
+        sp = "-" if r["run_spread"] is None else f"{r['run_spread']:.0%}"
+        line = (f"| {r['model']} | {r['cell']} ({r['unit']}) | {f(r['real'])} | {sp} | {f(r['sim'])} "
+                f"| {e(r['sim_err'])} |")
         if ext:
             line += f" {f(r['sim_ext'])} | {e(r['sim_ext_err'])} |"
         lines.append(line)
@@ -288,6 +293,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18400)
     ap.add_argument("--no-kv", action="store_true")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--ttft-reps", type=int, default=7, help="sim TTFT samples per prompt (this box is noisy)")
+    ap.add_argument("--variants", default="",
+                    help="plain,ext: which sims to run (default: plain, and ext with --extended)")
     ap.add_argument("--extended", action="store_true",
                     help="also run the sim patched with each profile's raw.extended_fit (eager steps, per-token TTFT)")
     ap.add_argument("--sim-http-ms", type=float, default=3.0, help="as in fit_profile.py, for the extended profiles")
@@ -296,7 +304,8 @@ def main() -> None:
     a.models = [m for m in a.models.split(",") if m]
     Path(a.out_dir).mkdir(parents=True, exist_ok=True)
     if not a.table_only:
-        for ext in (False, True) if a.extended else (False,):
+        variants = [v for v in (a.variants or ("plain,ext" if a.extended else "plain")).split(",") if v]
+        for ext in [v == "ext" for v in variants]:
             for i, m in enumerate(a.models):
                 print(f"== {m}{' (extended model)' if ext else ''}", flush=True)
                 run_model(m, a, a.port + i, ext)

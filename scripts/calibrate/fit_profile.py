@@ -38,6 +38,24 @@ GRAPH_MAX = 128          # --max-cudagraph-capture-size
 FEATURES = ("base", "prefill_tokens", "decode_seqs", "decode_context_tokens", "prefill_attn_mtok2")
 COLS = (*FEATURES, "ovh_ttft")
 EXT_COLS = (*COLS, "eager_step", "ttft_per_prompt_token")
+# vLLM's API server is one process that takes requests one at a time: a burst of b requests reaches the engine
+# over b * (FE_SERIAL + ttft_per_prompt_token * prompt) seconds (TTFT max of the 0.5B/1.5B bursts, run 1: 2.2-2.9 ms
+# per request beyond the per-token part; the larger models are engine-bound there and do not show it).
+FE_SERIAL = 0.0025
+# Published Qwen2.5 shapes (as .gpu/bin/mkmodels.py writes them): layers, hidden, intermediate, KV width.
+SHAPES = {"qwen2.5-0.5b": (24, 896, 4864, 128), "qwen2.5-1.5b": (28, 1536, 8960, 256),
+          "qwen2.5-7b": (28, 3584, 18944, 512), "qwen2.5-14b": (48, 5120, 13824, 1024)}
+
+
+def attn_ratio(model: str) -> float:
+    """Attention FLOPs per (token x context position), per 1e6, over linear-layer FLOPs per token.
+
+    The extended fit ties prefill_attn_mtok2 = ratio * prefill_tokens: with only single prompts up to 12k tokens
+    the two columns are nearly collinear, and a free fit puts most of the prefill cost on attention.
+    """
+    layers, d, inter, kv = SHAPES[model]
+    linear = 2 * layers * (2 * d * d + 2 * d * kv + 3 * d * inter)
+    return 4 * layers * d / linear * 1e6
 WITH_MIX = False         # --with-mix: also fit the mixed prefill+decode steps (they carry the eager-step cost)
 
 
@@ -76,14 +94,17 @@ def build_rows(runs: list[dict]) -> list[dict]:
     for i, d in enumerate(runs, 1):
         for t in d.get("ttft", []):
             if isinstance(t.get("ttft_ms"), float) and math.isfinite(t["ttft_ms"]):
-                rows.append(ttft_row(t["prompt"], t["ttft_ms"], f"r{i} ttft p{t['prompt']}", t.get("server_prefill_ms")))
+                rows.append(ttft_row(t["prompt"], t["ttft_ms"], f"r{i} ttft p{t['prompt']}",
+                                     t.get("server_prefill_ms")))
         for t in d.get("psweep", []):
             if not t.get("as_ids") and math.isfinite(t["ttft_ms"]):
-                rows.append(ttft_row(t["prompt"], t["ttft_ms"], f"r{i} ttft p{t['prompt']}", t.get("server_prefill_ms")))
+                rows.append(ttft_row(t["prompt"], t["ttft_ms"], f"r{i} ttft p{t['prompt']}",
+                                     t.get("server_prefill_ms")))
         for t in d.get("tpot", []):
             st = t.get("steady")
             if st and st.get("step_ms"):
-                rows.append(decode_row(t["batch"], st["ctx_mid"], st["step_ms"], f"r{i} decode b{t['batch']} p{t['prompt']}"))
+                rows.append(decode_row(t["batch"], st["ctx_mid"], st["step_ms"],
+                                       f"r{i} decode b{t['batch']} p{t['prompt']}"))
         for t in d.get("dsweep", []):
             if t.get("steady_step_ms"):
                 rows.append(decode_row(t["batch"], t["steady_ctx_mid"], t["steady_step_ms"],
@@ -117,10 +138,18 @@ def front_slope(rows: list[dict]) -> float:
     return max(0.0, float(k))
 
 
-def fit(rows: list[dict], cols: tuple[str, ...], use_all: bool = False, per_token: float = 0.0) -> np.ndarray:
-    """NNLS on relative error. per_token: a fixed ttft_per_prompt_token taken off the TTFT targets first."""
+def fit(rows: list[dict], cols: tuple[str, ...], use_all: bool = False, per_token: float = 0.0,
+        tie_attn: float = 0.0) -> np.ndarray:
+    """NNLS on relative error. per_token: a fixed ttft_per_prompt_token taken off the TTFT targets first;
+    tie_attn: if set, prefill_attn_mtok2 = tie_attn * prefill_tokens (one fitted column for both)."""
     fr = [r for r in rows if r["fit"] or use_all]
-    A = np.array([[r["x"][c] for c in cols] for r in fr])
+    if tie_attn:
+        ip, ia = cols.index("prefill_tokens"), cols.index("prefill_attn_mtok2")
+        A = np.array([[r["x"][c] + (tie_attn * r["x"]["prefill_attn_mtok2"] if i == ip else 0.0)
+                       for i, c in enumerate(cols)] for r in fr])
+        A[:, ia] = 0.0
+    else:
+        A = np.array([[r["x"][c] for c in cols] for r in fr])
     y = np.array([r["y"] - per_token * r["x"]["ttft_per_prompt_token"] for r in fr])
     w = 1.0 / y  # relative error
     # balance the groups so that the 10 decode points do not outvote the 2 mixed-step points
@@ -129,6 +158,8 @@ def fit(rows: list[dict], cols: tuple[str, ...], use_all: bool = False, per_toke
         idx = [i for i, kk in enumerate(kinds) if kk == k]
         w[idx] *= 1.0 / math.sqrt(len(idx))
     coef, _ = nnls(A * w[:, None], y * w)
+    if tie_attn:
+        coef[cols.index("prefill_attn_mtok2")] = tie_attn * coef[cols.index("prefill_tokens")]
     return coef
 
 
@@ -142,9 +173,11 @@ def compact_points(runs: list[dict]) -> dict:
     r2 = runs[1] if len(runs) > 1 else {}
     r = lambda x: None if x is None else round(x, 3)  # noqa: E731
     out: dict = {"first_request_ttft_ms": r((d.get("warmup") or {}).get("first_request_ttft_ms"))}
-    out["ttft_ms"] = {str(t["prompt"]): r(t["ttft_ms"]) for t in d.get("ttft", []) if t.get("ttft_ms") == t.get("ttft_ms")}
-    out["server_ttft_ms"] = {str(t["prompt"]): r(t["server_ttft_ms"]) for t in d.get("ttft", []) if t.get("server_ttft_ms")}
-    out["psweep_ttft_ms"] = {str(t["prompt"]) + ("ids" if t["as_ids"] else ""): r(t["ttft_ms"]) for t in r2.get("psweep", [])}
+    ttft = [t for t in d.get("ttft", []) if t.get("ttft_ms") == t.get("ttft_ms")]  # NaN: rejected prompt
+    out["ttft_ms"] = {str(t["prompt"]): r(t["ttft_ms"]) for t in ttft}
+    out["server_ttft_ms"] = {str(t["prompt"]): r(t["server_ttft_ms"]) for t in ttft if t.get("server_ttft_ms")}
+    out["psweep_ttft_ms"] = {str(t["prompt"]) + ("ids" if t["as_ids"] else ""): r(t["ttft_ms"])
+                             for t in r2.get("psweep", [])}
     out["tpot"] = {"columns": ["prompt", "batch", "tpot_ms_p50", "steady_step_ms", "ttft_ms_p50", "out_tok_s",
                                "makespan_s", "engine_steps"],
                    "rows": [[t["prompt"], t["batch"], r(t["tpot_ms_p50"]), r((t.get("steady") or {}).get("step_ms")),
@@ -184,7 +217,7 @@ def main() -> None:
         rows = build_rows(runs)
         coef = fit(rows, COLS)
         k = front_slope(rows)
-        ext = np.append(fit(rows, EXT_COLS[:-1], use_all=True, per_token=k), k)
+        ext = np.append(fit(rows, EXT_COLS[:-1], use_all=True, per_token=k, tie_attn=attn_ratio(model)), k)
         print(f"\n== {model}")
         print("  " + "  ".join(f"{c}={v:.4g}" for c, v in zip(COLS, coef, strict=True)))
         print(f"  {'point':28s} {'measured ms':>11s} {'fit ms':>9s} {'err':>7s}   {'ext fit':>8s} {'err':>7s}")
@@ -199,6 +232,17 @@ def main() -> None:
                   + ("" if r["fit"] else "  (not fitted)"))
             fit_rows.append({"point": r["key"], "measured_ms": round(r["y"] * 1e3, 3), "fit_ms": round(p * 1e3, 3),
                              "rel_err": round(e, 4), "in_fit": r["fit"], "extended_fit_ms": round(pe * 1e3, 3)})
+        by_kind = {}
+        for kind in ("ttft", "decode", "mix", "eager"):
+            sel = [fr for r_, fr in zip(rows, fit_rows, strict=True)
+                   if (r_["kind"] == kind and "eager" not in r_["key"]) or (kind == "eager" and "eager" in r_["key"])]
+            if sel:
+                by_kind[kind] = {"n": len(sel),
+                                 "mean_abs_rel_err": round(float(np.mean([abs(x["rel_err"]) for x in sel])), 4),
+                                 "extended_mean_abs_rel_err": round(float(np.mean(
+                                     [abs(x["extended_fit_ms"] / x["measured_ms"] - 1) for x in sel])), 4)}
+        print("  by kind: " + ", ".join(f"{k} n={v['n']} {v['mean_abs_rel_err']:.1%} "
+                                        f"(ext {v['extended_mean_abs_rel_err']:.1%})" for k, v in by_kind.items()))
         print(f"  fit: mean |err| {np.mean(errs):.1%}, max {np.max(errs):.1%} over {len(errs)} fitted points; "
               f"extended fit (all points): mean {np.mean(eerrs):.1%}, max {np.max(eerrs):.1%}")
         kv = summary["workers"].get(model, {}).get("kv_tokens")
@@ -221,7 +265,8 @@ def main() -> None:
                                    "sim_http_overhead_subtracted_s": a.sim_http_ms / 1e3,
                                    "mixed_steps_fitted": WITH_MIX,
                                    "mean_abs_rel_err": round(float(np.mean(errs)), 4),
-                                   "max_abs_rel_err": round(float(np.max(errs)), 4), "points": len(errs)}},
+                                   "max_abs_rel_err": round(float(np.max(errs)), 4), "points": len(errs),
+                                   "by_kind": by_kind}},
             "raw": {
                 "source": f"scripts/calibrate/data/probe-{model}.json (run 1), probe2-{model}.json (run 2)",
                 "points": compact_points(runs),
@@ -232,9 +277,14 @@ def main() -> None:
                     "note": "same features plus eager_step (1 per step of more than 128 scheduled tokens: vLLM runs "
                             "those without CUDA graphs) and ttft_per_prompt_token (front-end tokenization and "
                             "request processing, client-visible but outside the engine step: the slope of client "
-                            "TTFT minus vLLM's request_prefill_time over prompt length); the rest fitted by NNLS on "
-                            "all points, decode batches above 128 included; not read by the simulator yet",
-                    "coef": {c: float(f"{v:.4g}") for c, v in zip(EXT_COLS, ext, strict=True)},
+                            "TTFT minus vLLM's request_prefill_time over prompt length), of which "
+                            "frontend_serial_s_per_request + ttft_per_prompt_token * prompt is spent by the API "
+                            "server one request at a time; prefill_attn_mtok2 tied to prefill_tokens by the "
+                            "model's attention/linear FLOP ratio; the rest fitted by NNLS on all points, decode "
+                            "batches above 128 included; not read by the simulator yet (scripts/calibrate/compare.py "
+                            "--extended patches it in)",
+                    "coef": {**{c: float(f"{v:.4g}") for c, v in zip(EXT_COLS, ext, strict=True)},
+                             "frontend_serial_s_per_request": FE_SERIAL},
                     "mean_abs_rel_err": round(float(np.mean(eerrs)), 4)},
             },
         }

@@ -109,7 +109,7 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, spec: dict, t_st
                 res["err"] = f"HTTP {r.status_code}: {r.text[:200]}"
                 return res
             usage = r.json().get("usage")
-    except Exception as e:  # noqa: BLE001 - a probe records failures instead of dying
+    except Exception as e:  # a probe records failures instead of dying
         res["err"] = f"{type(e).__name__}: {e}"
         return res
     end = time.perf_counter()
@@ -252,7 +252,7 @@ class Probe:
     def metrics(self) -> tuple[str, dict[str, float]]:
         try:
             t = self.http.get(self.url + "/metrics").text
-        except Exception:  # noqa: BLE001
+        except Exception:
             return "", {}
         return t, parse_metrics(t)
 
@@ -322,7 +322,7 @@ class Probe:
         for n in prompts:
             self.batch([self.spec(n, 1)])  # warm this shape with a distinct prompt
             ttfts, deltas = [], []
-            for _ in range(3):
+            for _ in range(self.a.ttft_reps):
                 rs, d = self.batch([self.spec(n, 1)])
                 ttfts.append(rs[0].get("ttft", float("nan")) * 1e3)
                 deltas.append(d)
@@ -331,7 +331,7 @@ class Probe:
             out.append({"prompt": n, "ttft_ms": statistics.median(ttfts), "ttft_ms_all": ttfts,
                         "server_ttft_ms": statistics.median(srv) if any(srv) else None,
                         "server_prefill_ms": statistics.median(pre) if any(pre) else None,
-                        "iteration_tokens_count": deltas[1].get("vllm:iteration_tokens_total_count")})
+                        "iteration_tokens_count": deltas[len(deltas) // 2].get("vllm:iteration_tokens_total_count")})
             self.log(f"ttft prompt={n}: {out[-1]['ttft_ms']:.2f} ms (server {out[-1]['server_ttft_ms']})")
             if self.late():
                 break
@@ -512,7 +512,7 @@ class Probe:
                                   m.get("vllm:num_requests_running", -1), m.get("vllm:num_requests_waiting", -1),
                                   round(m.get("vllm:kv_cache_usage_perc", m.get("vllm:gpu_cache_usage_perc", -1)), 4),
                                   m.get("vllm:num_preemptions_total", -1)])
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
                 stop.wait(self.a.poll_s)
 
@@ -595,6 +595,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-out", type=int, default=1024)
     ap.add_argument("--poll-s", type=float, default=0.1)
     ap.add_argument("--reps", type=int, default=3, help="psweep repetitions")
+    ap.add_argument("--ttft-reps", type=int, default=3, help="measured requests per prompt length (median)")
     ap.add_argument("--reps-decode", type=int, default=2, help="dsweep repetitions")
     ap.add_argument("--dsweep-out", type=int, default=64)
     ap.add_argument("--dsweep-max-tokens", type=int, default=70000, help="skip dsweep batches with more prompt tokens")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from router.bench.client import poisson_arrivals
@@ -32,7 +34,7 @@ def test_same_seed_same_workflows_other_seed_other_workflows() -> None:
 def test_workflow_shapes_and_growing_contexts() -> None:
     code = _play(make_workflow("codegen", 1, 0))  # every test fails: planner, then 4 rounds
     assert [s.agent for s in code] == ["planner"] + ["coder", "tester"] * 4
-    assert all(b.prompt_words > a.prompt_words for a, b in zip(code, code[1:], strict=False))
+    assert all(b.prompt_words > a.prompt_words for a, b in itertools.pairwise(code))
     # each step's messages extend the previous step's (a shared, growing prefix)
     assert code[2].messages[:-1][: len(code[1].messages) - 1] == code[1].messages[:-1]
     assert [s.agent for s in _play(make_workflow("codegen", 1, 0), "correct")] == ["planner", "coder", "tester"]

@@ -100,7 +100,11 @@ def test_features_take_agent_defaults_and_lenient_header_overrides() -> None:
     assert (f.agent, f.seq, f.priority, f.ttft_slo_ms, f.tpot_slo_ms, f.max_tokens) == ("planner", 7, 2, 800, 50, None)
     hdrs = {"x-slo-ttft-ms": "250", "x-slo-tpot-ms": "nonsense", "x-priority": "0", "x-workflow-id": "wf-1"}
     f = build_features("chat", PLANNER, ("big",), parsed, hdrs, seq=0)
-    assert (f.ttft_slo_ms, f.tpot_slo_ms, f.priority, f.workflow_id) == (250.0, 50, 0, "wf-1")
+    # a caller may tighten its SLA and lower its priority, never loosen it or rise above its agent's
+    assert (f.ttft_slo_ms, f.tpot_slo_ms, f.priority, f.workflow_id) == (250.0, 50, 2, "wf-1")
+    hdrs = {"x-slo-ttft-ms": "5000", "x-slo-tpot-ms": "20", "x-priority": "7"}
+    f = build_features("chat", PLANNER, ("big",), parsed, hdrs, seq=0)
+    assert (f.ttft_slo_ms, f.tpot_slo_ms, f.priority) == (800, 20.0, 7)
     f = build_features("chat", PLANNER, ("big",), parsed, {"x-slo-ttft-ms": "-3", "x-priority": "high"}, seq=0)
     assert (f.ttft_slo_ms, f.priority) == (800, 2)
     assert reserved_tokens(f) == f.prompt_tokens + DEFAULT_OUTPUT_TOKENS

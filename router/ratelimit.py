@@ -1,0 +1,35 @@
+"""Per-agent rate limits (``rpm``, ``tpm`` in the agent's config) as token buckets.
+
+The buckets live in the FleetState (``take_tokens``): in this process for ``memory``, in Redis for
+every replica at once (one Lua call per request). A request costs one request and its reserved
+tokens — the prompt estimate plus ``max_tokens`` (or the default reservation), as OpenAI counts
+``max_tokens`` against a token limit. Over the limit: 429 with the seconds until the buckets hold
+enough as ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from router.config import AgentConfig
+from router.errors import Overloaded
+from router.features import reserved_tokens
+from router.gateway import Gateway
+from router.requestlog import RequestRecord
+from router.types import RequestFeatures
+
+
+async def enforce_rate_limits(
+    gw: Gateway, agent: AgentConfig, features: RequestFeatures, record: RequestRecord
+) -> None:
+    """Take this request from the agent's buckets, or raise Overloaded."""
+    if agent.rpm is None and agent.tpm is None:
+        return
+    wait = await gw.state.take_tokens(agent.name, 1, reserved_tokens(features), agent.rpm, agent.tpm)
+    if wait <= 0:
+        return
+    gw.metrics.rejections.labels(agent.name, "rate_limit").inc()
+    record.error = "Overloaded"
+    limits = ", ".join(f"{k} {v}" for k, v in (("rpm", agent.rpm), ("tpm", agent.tpm)) if v is not None)
+    raise Overloaded(f"agent {agent.name!r} is over its rate limit ({limits}); retry after {wait:.1f} s",
+                     retry_after_s=math.ceil(wait), code="rate_limit_exceeded")  # fmt: skip

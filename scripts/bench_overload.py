@@ -1,0 +1,117 @@
+"""Benchmark overload handling (issue 6): per-agent SLA attainment, 429s, degradations, 5xx and
+queue waits at 2x and 3x the fleet's capacity, over several seeds (router.bench.overload).
+
+    python scripts/bench_overload.py --multiples 2,3 --seeds 0,1,2 --baseline --out docs/bench_overload.json
+
+Each run is a fresh `chimera serve` process (it starts the two simulated workers itself) on a
+config written from the scenario; the load comes from this process through the openai SDK. With
+``--baseline`` every multiple also runs once (seed 0) with ``gateway.admission`` removed, for
+comparison. Prints a markdown table (the one in docs/OVERLOAD.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from router.bench.overload import Scenario, drive, read_queue_waits, scenario_config, summarize
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(s: Scenario, tmp: Path) -> dict[str, Any]:
+    port = free_port()
+    urls = {f"w{i}": f"http://127.0.0.1:{free_port()}" for i in range(s.workers)}
+    log = tmp / f"requests-{s.multiple}-{s.seed}-{int(s.admission)}.jsonl"
+    cfg = scenario_config(s, urls, sims=True, request_log=str(log))
+    path = tmp / "overload.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "router.cli", "serve", "--config", str(path), "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the gateway did not start: {' '.join(cmd)}")
+            time.sleep(0.2)
+        outcomes = asyncio.run(drive(base, s))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return {"scenario": {"multiple": s.multiple, "seed": s.seed, "admission": s.admission, "speedup": s.speedup,
+                         "duration_s": s.duration_s, "drain_s": s.drain_s, "kv_tokens": s.kv_tokens,
+                         "workers": s.workers},
+            "agents": summarize(s, outcomes, read_queue_waits(log) if log.exists() else {})}  # fmt: skip
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = ("| load | admission | seed | agent | prio / on_overload | req | SLA att. | 429 (w/ Retry-After) | degraded "
+            "| 5xx | max queue wait / deadline (s) | bulk after load drop |")  # fmt: skip
+    lines = [head, "|" + "---|" * 12]
+    for r in results:
+        sc = r["scenario"]
+        for name, a in r["agents"].items():
+            drain = f"{a['drain_ok']}/{a['drain_requests']}" if a["drain_requests"] else ""
+            lines.append(
+                f"| {sc['multiple']:g}x | {'on' if sc['admission'] else 'off'} | {sc['seed']} | {name} "
+                f"| {a['priority']} / {a['on_overload']} | {a['requests']} | {a['sla_attainment']:.3f} "
+                f"| {a['rejected_429']} ({a['retry_after_present']}) | {a['degraded']} | {a['5xx']} "
+                f"| {a['max_queue_wait_s']:.2f} / {a['deadline_s']:.2f} | {drain} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--multiples", default="2,3")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--drain", type=float, default=6.0)
+    ap.add_argument("--speedup", type=float, default=0.25)
+    ap.add_argument("--baseline", action="store_true", help="also run each multiple once without admission")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    scenarios = []
+    for m in (float(x) for x in args.multiples.split(",")):
+        kw = {"multiple": m, "duration_s": args.duration, "drain_s": args.drain, "speedup": args.speedup}
+        scenarios += [Scenario(seed=int(seed), **kw) for seed in args.seeds.split(",")]  # type: ignore[arg-type]
+        if args.baseline:
+            scenarios.append(Scenario(seed=0, admission=False, **kw))  # type: ignore[arg-type]
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for s in scenarios:
+            results.append(run(s, Path(tmp)))
+            print(table(results[-1:]).split("\n", 2)[2], flush=True)
+    print(table(results))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

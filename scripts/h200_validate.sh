@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Real vLLM workers behind the gateway on the lent H200, driven by `chimera bench` (docs/REAL_VLLM.md).
+# Run from the repo root after `bash .gpu/bin/setup.sh` (vLLM 0.26.0 in /tmp/site; see ../shared/gpu/README.md):
+#   call 1, carry [.gpu/a, .gpu/bin]:        bash .gpu/bin/setup.sh && python3 .gpu/bin/mkmodels.py /tmp/models
+#   call 2, carry [.gpu/b, .gpu/bin, .gpu/c]: bash .gpu/bin/setup.sh && bash scripts/h200_validate.sh
+# 1. our package's deps: vLLM's carried deps bring starlette, uvicorn, pydantic, openai; the image has httpx,
+#    pyyaml, prometheus-client, numpy, scikit-learn, matplotlib, rich; .gpu/c carries redis. No pip install -e
+#    (no build backend offline): the repo root goes on PYTHONPATH and `chimera` is `python3 -m router.cli`.
+# 2. `chimera workers up --config examples/h200-real.yaml` starts the three workers (and checks their KV).
+# 3. one sim-fields proxy per worker (backends/simfields.py: exact output lengths and the sim's verdicts).
+# 4. `chimera bench` per workload and policy, prefix caches reset between runs (VLLM_SERVER_DEV_MODE=1).
+# 5. $OUT (<= 8 files): real-chat.json, real-mixed.json, workers-up.log, summary.txt, logs.tgz
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD:/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 \
+       HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_SERVER_DEV_MODE=1
+OUT=${OUT:-/tmp/h200-out}; mkdir -p "$OUT"
+T0=$(date +%s); BUDGET_S=${BUDGET_S:-520}; END=$((T0 + BUDGET_S))
+L=${LOGS:-/tmp/vlog}; mkdir -p "$L"
+exec > >(tee "$L/run.log") 2>&1
+REAL=${REAL:-examples/h200-real.yaml}
+POLICIES=${POLICIES:-"round_robin least_outstanding predictive"}
+WORKLOADS=${WORKLOADS:-"chat mixed"}
+RATE_chat=${RATE_chat:-6}; RATE_mixed=${RATE_mixed:-1}            # workflows/s (chat: requests/s)
+WARMUP=${WARMUP:-4}; DUR_chat=${DUR_chat:-16}; DUR_mixed=${DUR_mixed:-20}; DRAIN_chat=${DRAIN_chat:-15}
+DRAIN_mixed=${DRAIN_mixed:-30}; BOOT_S=${BOOT_S:-300}
+CHIMERA="python3 -m router.cli"
+el() { echo "+$(( $(date +%s) - T0 )) s"; }
+collect() {
+  python3 scripts/real_vllm.py merge "$OUT/real-chat.json" $L/bench-chat-* 2>/dev/null
+  python3 scripts/real_vllm.py merge "$OUT/real-mixed.json" $L/bench-mixed-* 2>/dev/null
+  cp "$L/workers-up.log" "$OUT/" 2>/dev/null
+  { echo "elapsed $(el)"; nvidia-smi 2>&1 | head -25; cat "$L/versions.txt" 2>/dev/null; } > "$OUT/summary.txt"
+  tar -C "$L" --exclude='*.whl' -czf "$OUT/logs.tgz" . 2>/dev/null
+  ls -la "$OUT"; echo "done $(el)"
+}
+
+if ls .gpu/c/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/c/*.whl 2>&1 \
+    | grep -v "Target directory" | tail -2
+fi
+python3 -c "import router.cli, router.bench.runner, backends.simfields, backends.launcher, openai, starlette, uvicorn, \
+pydantic, redis, sklearn, rich; print('starlette', starlette.__version__, 'pydantic', pydantic.VERSION, 'openai', \
+openai.__version__)" > "$L/versions.txt" || { echo "BLOCKED: a dependency is missing (above)"; collect; exit 1; }
+python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >> "$L/versions.txt" 2>&1
+cat "$L/versions.txt"
+[ -d /tmp/models/qwen2.5-7b ] || python3 .gpu/bin/mkmodels.py /tmp/models > /dev/null
+python3 scripts/real_vllm.py configs "$REAL" --real-out "$L/bench-real.yaml"
+
+# 2. the workers, through the launcher itself
+setsid $CHIMERA workers up --config "$REAL" --log-dir "$L/workers" --timeout "$BOOT_S" > "$L/workers-up.log" 2>&1 &
+UP=$!
+fallback() {  # the launcher failed: say so, then start the very commands it prints, so the bench still runs
+  echo "workers up FAILED $(el):"; cat "$L/workers-up.log"; kill -TERM $UP 2>/dev/null; sleep 5
+  grep -q "out of GPU memory\|not installed\|no GPU" "$L/workers-up.log" && { collect; exit 1; }
+  UP=""; mkdir -p "$L/fallback"; i=0
+  $CHIMERA workers up --config "$REAL" --dry-run | grep -v '^#' | while read -r cmd; do
+    i=$((i + 1)); setsid bash -c "$cmd" > "$L/fallback/worker-$i.log" 2>&1 &
+  done
+  while read -r name port rest; do
+    until curl -sf -m 2 "localhost:$port/health" > /dev/null; do
+      [ "$(date +%s)" -gt $((T0 + BOOT_S + 60)) ] && { echo "fallback TIMEOUT $name"; collect; exit 1; }; sleep 2
+    done
+  done < <(python3 scripts/real_vllm.py backends "$REAL")
+  echo "fallback workers healthy $(el)"
+}
+until grep -q "workers healthy" "$L/workers-up.log"; do
+  if ! kill -0 $UP 2>/dev/null || [ "$(date +%s)" -gt $((T0 + BOOT_S + 30)) ]; then fallback; break; fi
+  sleep 2
+done
+echo "workers healthy $(el)"; cat "$L/workers-up.log"
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+
+# 3. the sim-fields proxies (port + 1000)
+python3 scripts/real_vllm.py backends "$REAL" > "$L/backends.txt"
+while read -r name port model profile seed; do
+  setsid python3 -m backends.simfields --port $((port + 1000)) --upstream "http://127.0.0.1:$port" \
+    --profile "$profile" --seed "$seed" > "$L/proxy-$name.log" 2>&1 &
+done < "$L/backends.txt"
+while read -r name port model profile seed; do
+  for _ in $(seq 50); do curl -sf -m 2 "localhost:$((port + 1000))/health" > /dev/null && break; sleep 0.2; done
+done < "$L/backends.txt"
+
+# 4. the bench, one policy at a time, caches reset in between
+for wl in $WORKLOADS; do
+  rate=$(eval echo \$RATE_$wl); dur=$(eval echo \$DUR_$wl); drain=$(eval echo \$DRAIN_$wl)
+  for pol in $POLICIES; do
+    need=$((WARMUP + dur + drain + 12))
+    if [ $(( END - $(date +%s) )) -lt $((WARMUP + dur + 15)) ]; then echo "SKIP $wl $pol: no time left $(el)"; continue; fi
+    while read -r name port rest; do curl -s -m 5 -X POST "localhost:$port/reset_prefix_cache" > /dev/null; done < "$L/backends.txt"
+    left=$(( END - $(date +%s) - 10 )); [ $need -gt $left ] && drain=$((left - WARMUP - dur - 12))
+    echo "=== bench $wl $pol rate=$rate dur=$dur drain=$drain $(el)"
+    timeout $((WARMUP + dur + drain + 40)) $CHIMERA bench --config "$L/bench-real.yaml" --workload "$wl" --policies "$pol" \
+      --rate "$rate" --duration "$dur" --warmup "$WARMUP" --drain "$drain" --seed 1 --no-plots --out "$L/bench-$wl-$pol" \
+      2>&1 | grep -v "^\s*$" | tail -8
+  done
+done
+
+# 5. stop the workers the way a user does (SIGTERM to `workers up`), then collect
+if [ -n "$UP" ]; then
+  kill -TERM $UP 2>/dev/null; for _ in $(seq 30); do kill -0 $UP 2>/dev/null || break; sleep 1; done
+  if kill -0 $UP 2>/dev/null; then echo "workers up still running after SIGTERM $(el)"; else wait $UP; echo "workers up exit code $? $(el)"; fi
+  tail -2 "$L/workers-up.log"
+fi
+collect

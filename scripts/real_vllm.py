@@ -1,0 +1,138 @@
+"""Helpers of the real-vs-sim run (scripts/h200_validate.sh, docs/REAL_VLLM.md).
+
+python scripts/real_vllm.py backends examples/h200-real.yaml
+    one line per launch: backend — name, port, model, profile, seed (the sim seed of the twin)
+python scripts/real_vllm.py configs examples/h200-real.yaml --real-out R.yaml [--sim-out S.yaml --speedup X]
+    R: the same fleet and agents, each backend's url moved to its sim-fields proxy (port + 1000)
+    S: the same fleet as simulated workers (profile, the real KV budget, the same seeds)
+python scripts/real_vllm.py merge OUT.json DIR...       the results.json entries of several benches
+python scripts/real_vllm.py table --real R.json --sim S.json [--markdown]
+    TTFT, TPOT, e2e p50/p99 per policy, sim (scaled to modelled H200 time) against real
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROXY_OFFSET = 1000
+
+
+def _load(path: str) -> dict[str, Any]:
+    data = yaml.safe_load(Path(path).read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def launched(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    return [b for b in cfg["backends"] if b.get("launch")]
+
+
+def cmd_backends(args: argparse.Namespace) -> None:
+    for i, b in enumerate(launched(_load(args.config)), 1):
+        port = int(b["url"].rsplit(":", 1)[1])
+        print(b["name"], port, b["model"], b.get("profile", ""), i)
+
+
+def cmd_configs(args: argparse.Namespace) -> None:
+    src = _load(args.config)
+    real = json.loads(json.dumps(src))
+    for b in real["backends"]:
+        host, port = b["url"].rsplit(":", 1)
+        b["url"] = f"{host}:{int(port) + PROXY_OFFSET}"
+        b.pop("launch", None)
+    Path(args.real_out).write_text(yaml.safe_dump(real, sort_keys=False))
+    if args.sim_out:
+        sim = json.loads(json.dumps(src))
+        for i, b in enumerate(sim["backends"], 1):
+            b.pop("launch", None)
+            b["sim"] = {"profile": b["profile"], "speedup": args.speedup, "seed": i, "kv_tokens": b["kv_budget_tokens"]}
+        Path(args.sim_out).write_text(yaml.safe_dump(sim, sort_keys=False))
+
+
+def cmd_merge(args: argparse.Namespace) -> None:
+    entries: list[dict[str, Any]] = []
+    for d in args.dirs:
+        f = Path(d) / "results.json"
+        if f.exists():
+            entries += json.loads(f.read_text())
+    Path(args.out).write_text(json.dumps(entries, indent=1) + "\n")
+    print(f"{args.out}: {len(entries)} entries")
+
+
+METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "e2e"))
+
+
+def _scaled(entry: dict[str, Any], key: str, q: str) -> float | None:
+    """A latency of one entry in modelled H200 time (wall-clock x speedup for a sim run)."""
+    value = (entry.get(key) or {}).get(q)
+    speedup = (entry.get("config") or {}).get("speedup", 1.0)
+    return None if value is None else float(value) * float(speedup)
+
+
+def table(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list[str], list[float]]:
+    """Markdown rows per workload and policy, and every relative sim-real difference."""
+    rows = ["| workload | policy | rate (wf/s, H200 time) | " + " | ".join(
+        f"{label} {q} real / sim (Δ)" for _, label in METRICS for q in ("p50", "p99")) + " | requests real / sim |",
+        "|" + " --- |" * 10]  # fmt: skip
+    diffs: list[float] = []
+    by_key = {(e["workload"], e["policy"]): e for e in sim}
+    for r in real:
+        s = by_key.get((r["workload"], r["policy"]))
+        rate = r.get("rate")
+        cells = [r["workload"], r["policy"], f"{rate:g}" if rate is not None else "-"]
+        for key, _ in METRICS:
+            for q in ("p50", "p99"):
+                a, b = _scaled(r, key, q), _scaled(s, key, q) if s else None
+                if a is None or b is None:
+                    cells.append("-")
+                    continue
+                d = (b - a) / a if a else 0.0
+                diffs.append(d)
+                cells.append(
+                    f"{a:.0f} / {b:.0f} ({100 * d:+.0f}%)" if a >= 100 else f"{a:.1f} / {b:.1f} ({100 * d:+.0f}%)"
+                )
+        cells.append(f"{r['requests']} / {s['requests'] if s else '-'}")
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows, diffs
+
+
+def cmd_table(args: argparse.Namespace) -> None:
+    real = json.loads(Path(args.real).read_text())
+    sim = json.loads(Path(args.sim).read_text())
+    rows, diffs = table(real, sim)
+    print("\n".join(rows))
+    if diffs:
+        within = sum(abs(d) <= 0.10 for d in diffs)
+        print(f"\n{within} of {len(diffs)} sim latencies within 10% of real; "
+              f"median |Δ| {100 * sorted(abs(d) for d in diffs)[len(diffs) // 2]:.0f}%")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("backends")
+    b.add_argument("config")
+    c = sub.add_parser("configs")
+    c.add_argument("config")
+    c.add_argument("--real-out", required=True)
+    c.add_argument("--sim-out")
+    c.add_argument("--speedup", type=float, default=1.0)
+    m = sub.add_parser("merge")
+    m.add_argument("out")
+    m.add_argument("dirs", nargs="+")
+    t = sub.add_parser("table")
+    t.add_argument("--real", required=True)
+    t.add_argument("--sim", required=True)
+    args = p.parse_args(argv)
+    {"backends": cmd_backends, "configs": cmd_configs, "merge": cmd_merge, "table": cmd_table}[args.cmd](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Stand-in vLLM package for the launcher tests (see api_server.py)."""

@@ -1,0 +1,92 @@
+"""The sim-fields proxy in front of a vLLM-like worker (the stand-in of ``fake_vllm/``, a real process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backends.sim.textgen import chat_text, draw_answer
+from backends.simfields import SimFieldsProxy, patch_event, rewrite
+from tests.conftest import ServerThread, free_port
+
+FAKE = Path(__file__).resolve().parent / "fake_vllm"
+MESSAGES = [{"role": "user", "content": "write a sorting function"}]
+
+
+def test_rewrite_fixes_length_and_draws_the_sims_verdict() -> None:
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 512, "sim": {"output_tokens": 40, "difficulty": 0.3}}
+    rw = rewrite(dict(body), quality=0.6, seed=2, chat=True)
+    expected = draw_answer(2, "m", chat_text(MESSAGES), 0.6, 40, 0.3).marker
+    assert rw.marker == expected and rw.marker in ("[correct]", "[wrong]")
+    assert rw.body["max_tokens"] == rw.body["min_tokens"] == 39 and rw.body["ignore_eos"] is True
+    assert "sim" not in rw.body
+    capped = rewrite({**body, "max_tokens": 10}, quality=0.6, seed=2, chat=True)
+    assert capped.marker is None and capped.body["max_tokens"] == 10  # truncated at the cap, as in the sim
+    plain = rewrite({"model": "m", "messages": MESSAGES, "max_tokens": 7}, quality=0.6, seed=2, chat=True)
+    assert plain.marker is None and plain.body == {"model": "m", "messages": MESSAGES, "max_tokens": 7}
+
+
+def test_patch_event_touches_only_the_finishing_chunk_and_usage() -> None:
+    mid = b'{"choices":[{"index":0,"delta":{"content":" w5"},"finish_reason":null}]}'
+    assert patch_event(mid, "[wrong]", chat=True) is mid
+    last = json.loads(
+        patch_event(b'{"choices":[{"delta":{"content":" w6"},"finish_reason":"length"}]}', "[wrong]", True)
+    )
+    assert last["choices"][0]["delta"]["content"] == " w6 [wrong]"
+    usage = json.loads(patch_event(b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9,'
+                                   b'"total_tokens":12}}', "[wrong]", True))  # fmt: skip
+    assert usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 10, "total_tokens": 13}
+    assert patch_event(b"[DONE]", "[wrong]", True) == b"[DONE]"
+
+
+@pytest.fixture
+def worker() -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(FAKE), "FAKE_VLLM_TOKEN_S": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "x",
+                             "--served-model-name", "m", "--port", str(port), "--host", "127.0.0.1",
+                             "--kv-cache-memory-bytes", "1073741824"], env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(5)
+
+
+def test_proxy_streams_exact_lengths_and_the_verdict(worker: str) -> None:
+    with ServerThread(SimFieldsProxy(worker, quality=0.6, seed=2)) as proxy:
+        body = {"model": "m", "messages": MESSAGES, "max_tokens": 512, "stream": True,
+                "stream_options": {"include_usage": True}, "sim": {"output_tokens": 25, "difficulty": 0.3}}  # fmt: skip
+        marker = draw_answer(2, "m", chat_text(MESSAGES), 0.6, 25, 0.3).marker
+        text, usage = "", None
+        with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    text += "".join(c["delta"].get("content") or "" for c in chunk["choices"])
+                    usage = chunk.get("usage") or usage
+        assert text.split()[-1] == marker and len(text.split()) == 25
+        assert usage is not None and usage["completion_tokens"] == 25
+        full = httpx.post(proxy.url + "/v1/chat/completions", json={**body, "stream": False, "stream_options": None})
+        answer = full.json()
+        assert answer["choices"][0]["message"]["content"].endswith(f" {marker}")
+        assert answer["usage"]["completion_tokens"] == 25
+        assert 'num_gpu_blocks="' in httpx.get(proxy.url + "/metrics").text  # passed through
+        assert httpx.get(proxy.url + "/health").status_code == 200
