@@ -25,7 +25,7 @@ def walk(x):
     if isinstance(x, list):
         return [walk(v) for v in x]
     if isinstance(x, float):
-        return round(x, 4)
+        return round(x, 4) if x == x else None  # NaN (a rejected request) -> null: strict JSON
     return x
 
 

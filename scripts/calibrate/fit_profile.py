@@ -173,7 +173,7 @@ def compact_points(runs: list[dict]) -> dict:
     r2 = runs[1] if len(runs) > 1 else {}
     r = lambda x: None if x is None else round(x, 3)  # noqa: E731
     out: dict = {"first_request_ttft_ms": r((d.get("warmup") or {}).get("first_request_ttft_ms"))}
-    ttft = [t for t in d.get("ttft", []) if t.get("ttft_ms") == t.get("ttft_ms")]  # NaN: rejected prompt
+    ttft = [t for t in d.get("ttft", []) if isinstance(t.get("ttft_ms"), float) and math.isfinite(t["ttft_ms"])]
     out["ttft_ms"] = {str(t["prompt"]): r(t["ttft_ms"]) for t in ttft}
     out["server_ttft_ms"] = {str(t["prompt"]): r(t["server_ttft_ms"]) for t in ttft if t.get("server_ttft_ms")}
     out["psweep_ttft_ms"] = {str(t["prompt"]) + ("ids" if t["as_ids"] else ""): r(t["ttft_ms"])

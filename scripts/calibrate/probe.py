@@ -124,9 +124,9 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, spec: dict, t_st
     return res
 
 
-async def _run_specs_async(url: str, model: str, specs: list[dict], t_start: float, timeout: float) -> list[dict]:
+async def _run_specs_async(url: str, model: str, specs: list[dict], t_start: float, req_timeout_s: float) -> list[dict]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), limits=limits) as c:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(req_timeout_s, connect=30.0), limits=limits) as c:
         return await asyncio.gather(*[_one(c, url, model, s, t_start) for s in specs])
 
 
@@ -337,6 +337,13 @@ class Probe:
                 break
         self.res["ttft"] = out
 
+    def _ttft_sample(self, n: int, ids: bool = False) -> list[float]:
+        """[client TTFT, server TTFT, server prefill time] in ms of one n-token prompt."""
+        rs, d = self.batch([self.spec(n, 1, ids=ids)])
+        srv = d.get("vllm:time_to_first_token_seconds_sum", 0) * 1e3 * self.scale
+        pre = d.get("vllm:request_prefill_time_seconds_sum", 0) * 1e3 * self.scale
+        return [rs[0].get("ttft", float("nan")) * 1e3, srv, pre]
+
     def phase_psweep(self) -> None:
         """TTFT of single prompts across vLLM's CUDA-graph limit (128 tokens), repeated round-robin."""
         prompts = [p for p in PSWEEP_PROMPTS if p + 1 <= self.a.max_model_len]
@@ -345,15 +352,9 @@ class Probe:
         got: dict[str, list] = {}
         for _ in range(self.a.reps):
             for n in prompts:
-                rs, d = self.batch([self.spec(n, 1)])
-                got.setdefault(str(n), []).append([rs[0].get("ttft", float("nan")) * 1e3,
-                                                   d.get("vllm:time_to_first_token_seconds_sum", 0) * 1e3 * self.scale,
-                                                   d.get("vllm:request_prefill_time_seconds_sum", 0) * 1e3 * self.scale])
+                got.setdefault(str(n), []).append(self._ttft_sample(n))
             for n in (max(prompts),):  # the same prompt length as token ids: no tokenizer in the front end
-                rs, d = self.batch([self.spec(n, 1, ids=True)])
-                got.setdefault(f"{n}ids", []).append([rs[0].get("ttft", float("nan")) * 1e3,
-                                                      d.get("vllm:time_to_first_token_seconds_sum", 0) * 1e3 * self.scale,
-                                                      d.get("vllm:request_prefill_time_seconds_sum", 0) * 1e3 * self.scale])
+                got.setdefault(f"{n}ids", []).append(self._ttft_sample(n, ids=True))
         out = []
         for k, v in got.items():
             out.append({"prompt": int(k.rstrip("ids")), "as_ids": k.endswith("ids"),
@@ -401,7 +402,8 @@ class Probe:
                 "tpot_ms_p90": pct(tp, 0.9) and pct(tp, 0.9) * 1e3,
                 "ttft_ms_p50": pct(tt, 0.5) and pct(tt, 0.5) * 1e3, "ttft_ms_max": tt and max(tt) * 1e3,
                 "makespan_s": mk, "out_tok_s": ntok / mk if mk > 0 else None,
-                "chunks_per_token": (sum(r.get("chunks", 0) for r in ok) / max(1, sum(len(r.get("times", [])) for r in ok))),
+                "chunks_per_token": (sum(r.get("chunks", 0) for r in ok)
+                                     / max(1, sum(len(r.get("times", [])) for r in ok))),
                 "steady": st, "metrics_delta": d}
 
     def phase_tpot(self) -> None:
@@ -414,7 +416,8 @@ class Probe:
                 s = {"prompt": p, "batch": b, "out": self.a.tpot_out, **self._decode_summary(rs, d)}
                 out.append(s)
                 st = s["steady"] or {}
-                self.log(f"tpot prompt={p} batch={b}: p50 {s['tpot_ms_p50']:.2f} ms, steady {st.get('step_ms', 0):.2f} ms, "
+                self.log(f"tpot prompt={p} batch={b}: p50 {s['tpot_ms_p50']:.2f} ms, "
+                         f"steady {st.get('step_ms', 0):.2f} ms, "
                          f"{s['out_tok_s']:.0f} tok/s, chunks/token {s['chunks_per_token']:.2f}")
                 if self.late():
                     break
