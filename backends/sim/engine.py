@@ -6,8 +6,9 @@ through its prefill takes its next chunk) and, when one cannot get KV blocks, pr
 running request (recompute: its blocks are freed and it goes back to the front of the queue).
 Then, if nobody was preempted, waiting requests are admitted first-come first-served while the
 token budget and ``max_num_seqs`` allow, each reusing its longest cached prefix. A step lasts what
-the profile's linear model says for its features, divided by ``speedup``; its tokens are released
-when it ends. Time is an absolute schedule, so a late wake-up is caught up, and measured as lag.
+the profile's linear model says for its features (plus the eager-mode cost when it schedules more
+tokens than vLLM captures CUDA graphs for), divided by ``speedup``; its tokens are released when it
+ends. In front of the queue sits the API server, a FIFO server that handles one request at a time. Time is an absolute schedule, so a late wake-up is caught up, and measured as lag.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from backends.sim.textgen import MARKER_INDEX, VOCAB_IDS, Answer, word_index
 
 
 class Status(Enum):
-    PENDING = "pending"  # in the API front end (ttft overhead), not yet in the engine
+    PENDING = "pending"  # in the API front end (serial front end, ttft overhead), not yet in the engine
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -52,6 +53,7 @@ class Request:
         "output",
         "prompt_ids",
         "prompt_len",
+        "queued_at",
         "request_id",
         "status",
         "waiter",
@@ -78,6 +80,7 @@ class Request:
         self.num_cached_blocks = 0
         self.status = Status.PENDING
         self.arrival = arrival
+        self.queued_at = arrival  # when it reached the engine's queue (after the front end)
         self.first_scheduled = -1.0
         self.first_token = -1.0
         self.last_token = -1.0
@@ -174,22 +177,50 @@ class Engine:
         self.stats = EngineStats()
         self._wake = asyncio.Event()
         self._ttft_overhead = profile.ttft_overhead_s / speedup
+        cg = profile.cudagraph
+        # steps scheduling more than this many tokens run without CUDA graphs (0: no limit)
+        self._graph_max = cg.max_tokens if cg is not None else 0
+        self._eager_extra = cg.eager_extra_s if cg is not None else 0.0
+        self._eager_per_token = cg.eager_per_token_s if cg is not None else 0.0
+        fe = profile.frontend
+        self._fe_request = fe.per_request / speedup if fe is not None else 0.0
+        self._fe_token = fe.per_prompt_token / speedup if fe is not None else 0.0
+        self._fe_free = float("-inf")  # when the serial front end is next free (loop clock)
 
     @property
     def capacity_tokens(self) -> int:
         return self.kv.num_blocks * self.kv.block_size
 
     # -- requests in and out --------------------------------------------------------------------
-    def submit(self, req: Request) -> None:
-        """Hand a request over; it reaches the queue after the front end's TTFT overhead."""
-        if self._ttft_overhead > 0:
-            asyncio.get_running_loop().call_later(self._ttft_overhead, self.enqueue, req)
-        else:
-            self.enqueue(req)
+    def frontend_exit(self, now: float, prompt_len: int) -> float:
+        """When a request handed to the front end at ``now`` reaches the engine's queue.
 
-    def enqueue(self, req: Request) -> None:
+        The serial part (``frontend_s``) is a FIFO server: the request waits until the front end is
+        free, then occupies it for ``per_request + per_prompt_token * prompt_len``; the constant
+        ``overhead_s.ttft`` follows in parallel (it does not hold the server).
+        """
+        t = now
+        if self._fe_request > 0 or self._fe_token > 0:
+            free = self._fe_free
+            t = (free if free > now else now) + self._fe_request + self._fe_token * prompt_len
+            self._fe_free = t
+        return t + self._ttft_overhead
+
+    def submit(self, req: Request) -> None:
+        """Hand a request over; it reaches the queue after the front end (see :meth:`frontend_exit`)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        at = self.frontend_exit(now, req.prompt_len)
+        if at > now:
+            loop.call_at(at, self.enqueue, req, at)
+        else:
+            self.enqueue(req, now)
+
+    def enqueue(self, req: Request, now: float | None = None) -> None:
+        """The request reaches the engine's queue (at ``now``; default: its arrival)."""
         if req.status is not Status.PENDING:
             return  # aborted while in the front end
+        req.queued_at = req.arrival if now is None else now
         req.status = Status.WAITING
         self.waiting.append(req)
         self._wake.set()
@@ -257,7 +288,7 @@ class Engine:
                 req.status = Status.RUNNING
                 if req.first_scheduled < 0:
                     req.first_scheduled = now
-                    st.queue.observe(now - req.arrival - self._ttft_overhead)
+                    st.queue.observe(now - req.queued_at)
                 running.append(req)
                 reqs.append(req)
                 news.append(n)
@@ -266,13 +297,17 @@ class Engine:
                 attn += n * (start + n / 2)
         if reqs:
             c = self.profile.step_time
-            batch.duration = (
+            seconds = (
                 c.base
                 + c.prefill_tokens * prefill
                 + c.decode_seqs * n_decode
                 + c.decode_context_tokens * ctx
                 + c.prefill_attn_mtok2 * attn / 1e6
-            ) / self.speedup
+            )
+            tokens = self.max_num_batched_tokens - budget
+            if self._graph_max and tokens > self._graph_max:
+                seconds += self._eager_extra + self._eager_per_token * tokens
+            batch.duration = seconds / self.speedup
         return batch
 
     def _preempt(self, req: Request) -> None:

@@ -39,6 +39,31 @@ class StepTime:
 
 
 @dataclass(frozen=True)
+class CudaGraph:
+    """vLLM's CUDA-graph limit: a step scheduling more than ``max_tokens`` tokens runs without graphs.
+
+    Such a step costs ``eager_extra_s + eager_per_token_s * tokens`` on top of the linear model (kernel
+    launches from the CPU instead of one graph replay; ``--max-cudagraph-capture-size``).
+    """
+
+    max_tokens: int
+    eager_extra_s: float = 0.0
+    eager_per_token_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """vLLM's API server: one process that takes requests one at a time (a FIFO server).
+
+    Each request occupies it for ``per_request + per_prompt_token * prompt_tokens`` seconds before it
+    reaches the engine's queue; a burst of requests therefore reaches the engine spread out.
+    """
+
+    per_request: float = 0.0
+    per_prompt_token: float = 0.0
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     model: str
@@ -51,6 +76,8 @@ class Profile:
     step_time: StepTime
     ttft_overhead_s: float
     provenance: dict[str, Any]
+    cudagraph: CudaGraph | None = None
+    frontend: Frontend | None = None
 
 
 def available_profiles() -> list[str]:
@@ -85,9 +112,7 @@ def parse_profile(raw: Any, source: str = "<profile>") -> Profile:
         if unknown:
             raise ProfileError(f"profile {source}: unknown step_time_s key(s) {', '.join(unknown)}")
         coefs = {k: _number(source, f"step_time_s.{k}", v, minimum=0.0) for k, v in steps.items()}
-        overhead = raw.get("overhead_s", {})
-        if not isinstance(overhead, dict):
-            raise ProfileError(f"profile {source}: overhead_s must be an object")
+        overhead = _section(source, raw, "overhead_s", ("ttft",))
         quality = _number(source, "quality", raw["quality"], minimum=0.0)
         if quality > 1.0:
             raise ProfileError(f"profile {source}: quality must be in [0, 1], got {quality}")
@@ -104,9 +129,49 @@ def parse_profile(raw: Any, source: str = "<profile>") -> Profile:
             step_time=StepTime(**coefs),
             ttft_overhead_s=_number(source, "overhead_s.ttft", overhead.get("ttft", 0.0), minimum=0.0),
             provenance=provenance if isinstance(provenance, dict) else {},
+            cudagraph=_cudagraph(source, raw),
+            frontend=_frontend(source, raw),
         )
     except KeyError as exc:
         raise ProfileError(f"profile {source}: missing key {exc.args[0]!r}") from exc
+
+
+def _section(source: str, raw: dict[str, Any], key: str, known: tuple[str, ...]) -> dict[str, Any]:
+    """An optional object of the profile; absent = {}; a key not in ``known`` is an error."""
+    sec = raw.get(key, {})
+    if not isinstance(sec, dict):
+        raise ProfileError(f"profile {source}: {key} must be an object")
+    unknown = sorted(set(sec) - set(known))
+    if unknown:
+        raise ProfileError(f"profile {source}: unknown {key} key(s) {', '.join(unknown)}")
+    return sec
+
+
+def _cudagraph(source: str, raw: dict[str, Any]) -> CudaGraph | None:
+    if "cudagraph" not in raw:
+        return None
+    sec = _section(source, raw, "cudagraph", ("max_tokens", "eager_extra_s", "eager_per_token_s"))
+    if "max_tokens" not in sec:
+        raise ProfileError(f"profile {source}: missing key 'cudagraph.max_tokens'")
+    return CudaGraph(
+        max_tokens=_int(source, "cudagraph.max_tokens", sec["max_tokens"]),
+        eager_extra_s=_number(source, "cudagraph.eager_extra_s", sec.get("eager_extra_s", 0.0), minimum=0.0),
+        eager_per_token_s=_number(
+            source, "cudagraph.eager_per_token_s", sec.get("eager_per_token_s", 0.0), minimum=0.0
+        ),
+    )
+
+
+def _frontend(source: str, raw: dict[str, Any]) -> Frontend | None:
+    if "frontend_s" not in raw:
+        return None
+    sec = _section(source, raw, "frontend_s", ("per_request", "per_prompt_token"))
+    return Frontend(
+        per_request=_number(source, "frontend_s.per_request", sec.get("per_request", 0.0), minimum=0.0),
+        per_prompt_token=_number(
+            source, "frontend_s.per_prompt_token", sec.get("per_prompt_token", 0.0), minimum=0.0
+        ),
+    )
 
 
 def positive_int(what: str, value: int | None) -> int | None:

@@ -1,0 +1,149 @@
+"""deploy/ parses and agrees with the contract: configs load, probes hit real routes, ports line up,
+and every metric the dashboard queries is one the gateway or vLLM exposes."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from router.app import create_app
+from router.config import Config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+# vLLM 0.26's metric families as an H200 run listed them (docs/../REFERENCES), as Prometheus names them
+VLLM_METRICS = {
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason",
+    "vllm:kv_cache_usage_perc", "vllm:cache_config_info", "vllm:num_preemptions", "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits", "vllm:prompt_tokens", "vllm:prompt_tokens_cached", "vllm:generation_tokens",
+    "vllm:iteration_tokens_total", "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+    "vllm:request_time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+    "vllm:request_inference_time_seconds", "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+    "vllm:request_params_max_tokens", "vllm:request_success",
+}  # fmt: skip
+SUFFIXES = ("", "_total", "_bucket", "_sum", "_count", "_created")
+
+
+def docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def k8s() -> list[dict[str, Any]]:
+    return [d for f in sorted((DEPLOY / "k8s").glob("*.yaml")) for d in docs(f)]
+
+
+def kind(objs: list[dict[str, Any]], k: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objs if o.get("kind") == k}
+
+
+def configmap_config() -> Config:
+    cm = kind(k8s(), "ConfigMap")["chimera-config"]
+    return parse_config(cm["data"]["config.yaml"], file="deploy/k8s/configmap.yaml", env={})
+
+
+def app_paths(cfg: Config) -> set[str]:
+    return {getattr(r, "path", "") for r in create_app(cfg, probe=False).routes}
+
+
+def test_every_file_parses() -> None:
+    files = [p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml", ".json")]
+    assert len(files) >= 12
+    for p in files:
+        assert json.loads(p.read_text()) if p.suffix == ".json" else docs(p), p
+
+
+@pytest.mark.parametrize("which", ["compose", "k8s"])
+def test_gateway_config_is_valid_and_shared_through_redis(which: str) -> None:
+    if which == "compose":
+        cfg = parse_config((DEPLOY / "chimera.yaml").read_text(), file="deploy/chimera.yaml", env={})
+    else:
+        cfg = configmap_config()
+    assert cfg.gateway.state.startswith("redis://redis:6379")
+    assert cfg.gateway.host == "0.0.0.0" and cfg.gateway.port == 8080
+
+
+def test_compose_services() -> None:
+    compose = docs(DEPLOY / "docker-compose.yaml")[0]
+    services = compose["services"]
+    cfg = parse_config((DEPLOY / "chimera.yaml").read_text(), env={})
+    gateways = [s for s in services.values() if s.get("image") == "chimera-router:latest"]
+    assert len(gateways) >= 2 and all("./chimera.yaml:/etc/chimera/config.yaml:ro" in g["volumes"] for g in gateways)
+    assert "redis" in services
+    seen_gpus: set[str] = set()
+    for b in cfg.backends:
+        svc = services[urlsplit(b.url).hostname or ""]
+        args = svc["command"]
+        opt = dict(zip(args[::2], args[1::2], strict=True))
+        assert opt["--served-model-name"] == b.model and int(opt["--port"]) == b.port
+        assert int(opt["--max-model-len"]) == b.max_model_len and int(opt["--kv-cache-memory-bytes"]) > 0
+        (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert device["capabilities"] == ["gpu"] and len(device["device_ids"]) == 1
+        assert device["device_ids"][0] not in seen_gpus  # one worker per GPU
+        seen_gpus.add(device["device_ids"][0])
+
+
+def test_k8s_objects_line_up() -> None:
+    objs = k8s()
+    deployments, services = kind(objs, "Deployment"), kind(objs, "Service")
+    cfg = configmap_config()
+    paths = app_paths(cfg)
+    gw = deployments["chimera-gateway"]
+    assert gw["spec"]["replicas"] == 2
+    (container,) = gw["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready" in paths
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health" in paths
+    assert any(
+        v.get("configMap", {}).get("name") == "chimera-config" for v in gw["spec"]["template"]["spec"]["volumes"]
+    )
+    assert services["chimera-gateway"]["spec"]["ports"][0]["port"] == cfg.gateway.port
+    assert "redis" in services and "redis" in deployments
+    assert len(cfg.backends) == len([n for n in deployments if n.startswith("vllm-")])
+    for b in cfg.backends:
+        name = urlsplit(b.url).hostname or ""
+        assert services[name]["spec"]["ports"][0]["port"] == b.port
+        (c,) = deployments[name]["spec"]["template"]["spec"]["containers"]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["httpGet"]["path"] == "/health"
+        opt = dict(zip(c["args"][::2], c["args"][1::2], strict=True))
+        assert opt["--served-model-name"] == b.model and int(opt["--port"]) == b.port
+        assert int(opt["--kv-cache-memory-bytes"]) > 0
+    kustom = docs(DEPLOY / "k8s" / "kustomization.yaml")[0]
+    assert sorted(kustom["resources"]) == sorted(
+        p.name for p in (DEPLOY / "k8s").glob("*.yaml") if p.name != "kustomization.yaml"
+    )
+
+
+def test_prometheus_scrapes_gateways_and_every_worker() -> None:
+    prom = docs(DEPLOY / "prometheus" / "prometheus.yml")[0]
+    targets = {
+        job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]] for job in prom["scrape_configs"]
+    }
+    assert all(job.get("metrics_path", "/metrics") == "/metrics" for job in prom["scrape_configs"])
+    assert "/metrics" in app_paths(configmap_config())
+    services = docs(DEPLOY / "docker-compose.yaml")[0]["services"]
+    gateways = {n for n, s in services.items() if s.get("image") == "chimera-router:latest"}
+    assert {t.split(":")[0] for t in targets["chimera-gateway"]} == gateways
+    cfg = parse_config((DEPLOY / "chimera.yaml").read_text(), env={})
+    assert set(targets["vllm"]) == {f"{urlsplit(b.url).hostname}:{b.port}" for b in cfg.backends}
+
+
+def test_dashboard_queries_only_metrics_that_exist() -> None:
+    dash = json.loads((DEPLOY / "grafana" / "chimera-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    used = {m for e in exprs for m in re.findall(r"\b((?:chimera_|vllm:)[a-z_:]+)", e)}
+    gateway = set(re.findall(r'"(chimera_[a-z_]+)"', (ROOT / "router" / "metrics.py").read_text()))
+    assert {"chimera_requests_total", "chimera_ttft_seconds", "chimera_e2e_seconds"} <= gateway
+    for m in used:
+        known = gateway if m.startswith("chimera_") else VLLM_METRICS
+        assert any(m == k + s or (m.endswith("_total") and m == k) for k in known for s in SUFFIXES), m
+    assert any(m.startswith("chimera_") for m in used) and any(m.startswith("vllm:") for m in used)
+    ds = docs(DEPLOY / "grafana" / "provisioning.yaml")[0]["datasources"][0]
+    assert all(p.get("datasource", {}).get("uid", ds["uid"]) == ds["uid"] for p in dash["panels"])
