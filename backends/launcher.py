@@ -168,6 +168,7 @@ def preflight(plans: Sequence[WorkerPlan], machine: Machine) -> None:
 def _check_port_free(p: WorkerPlan) -> None:
     host = "0.0.0.0" if p.backend.host in ("0.0.0.0", "") else p.backend.host
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "taken"
         try:
             s.bind((host, p.backend.port))
         except OSError as exc:

@@ -113,6 +113,29 @@ def cmd_table(args: argparse.Namespace) -> None:
               f"median |Δ| {100 * sorted(abs(d) for d in diffs)[len(diffs) // 2]:.0f}%")  # fmt: skip
 
 
+def cmd_per_backend(args: argparse.Namespace) -> None:
+    import glob
+    import statistics
+
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for spec in args.runs:
+        label, pattern = spec.split("=", 1)
+        for f in sorted(glob.glob(pattern)):
+            rows = [json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
+            ok = [r for r in rows if r.get("outcome") == "ok" and r.get("tpot_s")]
+            key = f"{label} {ok[0]['policy']}" if ok else label
+            for b in sorted({r["backend"] for r in ok}):
+                mine = [r for r in ok if r["backend"] == b]
+                out.setdefault(key, {})[b] = {
+                    "requests": len(mine),
+                    "tpot_ms_p50": round(1000 * statistics.median(r["tpot_s"] for r in mine), 2),
+                    "ttft_ms_p50": round(1000 * statistics.median(r["ttft_s"] for r in mine), 1),
+                }
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    for key, backends in out.items():
+        print(key, {b: v["tpot_ms_p50"] for b, v in backends.items()})
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -129,8 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("table")
     t.add_argument("--real", required=True)
     t.add_argument("--sim", required=True)
+    pb = sub.add_parser("per-backend")
+    pb.add_argument("out")
+    pb.add_argument("runs", nargs="+", help="LABEL=GLOB of request logs")
     args = p.parse_args(argv)
-    {"backends": cmd_backends, "configs": cmd_configs, "merge": cmd_merge, "table": cmd_table}[args.cmd](args)
+    commands = {"backends": cmd_backends, "configs": cmd_configs, "merge": cmd_merge, "table": cmd_table,
+                "per-backend": cmd_per_backend}  # fmt: skip
+    commands[args.cmd](args)
     return 0
 
 

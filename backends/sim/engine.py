@@ -180,6 +180,7 @@ class Engine:
         cg = profile.cudagraph
         # steps scheduling more than this many tokens run without CUDA graphs (0: no limit)
         self._graph_max = cg.max_tokens if cg is not None else 0
+        self._eager_floor = cg.eager_floor_s if cg is not None else 0.0
         self._eager_extra = cg.eager_extra_s if cg is not None else 0.0
         self._eager_per_token = cg.eager_per_token_s if cg is not None else 0.0
         fe = profile.frontend
@@ -306,7 +307,8 @@ class Engine:
             )
             tokens = self.max_num_batched_tokens - budget
             if self._graph_max and tokens > self._graph_max:
-                seconds += self._eager_extra + self._eager_per_token * tokens
+                floor = self._eager_floor
+                seconds = (seconds if seconds > floor else floor) + self._eager_extra + self._eager_per_token * tokens
             batch.duration = seconds / self.speedup
         return batch
 

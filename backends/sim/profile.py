@@ -42,11 +42,13 @@ class StepTime:
 class CudaGraph:
     """vLLM's CUDA-graph limit: a step scheduling more than ``max_tokens`` tokens runs without graphs.
 
-    Such a step costs ``eager_extra_s + eager_per_token_s * tokens`` on top of the linear model (kernel
-    launches from the CPU instead of one graph replay; ``--max-cudagraph-capture-size``).
+    Such a step lasts ``max(linear model, eager_floor_s) + eager_extra_s + eager_per_token_s * tokens``:
+    without graphs every kernel is launched from the CPU, so a small step is launch-bound (the floor)
+    and a large one GPU-bound (the linear model); ``--max-cudagraph-capture-size`` in vLLM.
     """
 
     max_tokens: int
+    eager_floor_s: float = 0.0
     eager_extra_s: float = 0.0
     eager_per_token_s: float = 0.0
 
@@ -150,11 +152,12 @@ def _section(source: str, raw: dict[str, Any], key: str, known: tuple[str, ...])
 def _cudagraph(source: str, raw: dict[str, Any]) -> CudaGraph | None:
     if "cudagraph" not in raw:
         return None
-    sec = _section(source, raw, "cudagraph", ("max_tokens", "eager_extra_s", "eager_per_token_s"))
+    sec = _section(source, raw, "cudagraph", ("max_tokens", "eager_floor_s", "eager_extra_s", "eager_per_token_s"))
     if "max_tokens" not in sec:
         raise ProfileError(f"profile {source}: missing key 'cudagraph.max_tokens'")
     return CudaGraph(
         max_tokens=_int(source, "cudagraph.max_tokens", sec["max_tokens"]),
+        eager_floor_s=_number(source, "cudagraph.eager_floor_s", sec.get("eager_floor_s", 0.0), minimum=0.0),
         eager_extra_s=_number(source, "cudagraph.eager_extra_s", sec.get("eager_extra_s", 0.0), minimum=0.0),
         eager_per_token_s=_number(
             source, "cudagraph.eager_per_token_s", sec.get("eager_per_token_s", 0.0), minimum=0.0

@@ -26,18 +26,25 @@ import json
 import math
 from pathlib import Path
 
+import sys
+
 import numpy as np
 from scipy.optimize import nnls
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"
 PROFILES = ROOT / "backends" / "sim" / "profiles"
+sys.path.insert(0, str(ROOT))
 MODELS = {"qwen2.5-0.5b": 0.45, "qwen2.5-1.5b": 0.60, "qwen2.5-7b": 0.78, "qwen2.5-14b": 0.85}
 BUDGET = 8192            # max_num_batched_tokens (vLLM default on a >= 70 GiB GPU)
 GRAPH_MAX = 128          # --max-cudagraph-capture-size
 FEATURES = ("base", "prefill_tokens", "decode_seqs", "decode_context_tokens", "prefill_attn_mtok2")
 COLS = (*FEATURES, "ovh_ttft")
-EXT_COLS = (*COLS, "eager_step", "ttft_per_prompt_token")
+# the fitted model: the linear step features, the TTFT constant, and vLLM's eager-step cost (a step of more than
+# GRAPH_MAX scheduled tokens: eager_extra = 1, eager_tokens = its tokens); ttft_per_prompt_token is not fitted
+# by NNLS but measured directly (front_slope) and taken off the TTFT targets
+EXT_COLS = (*COLS, "eager_extra", "eager_tokens", "ttft_per_prompt_token")
+NNLS_COLS = EXT_COLS[:-1]
 # vLLM's API server is one process that takes requests one at a time: a burst of b requests reaches the engine
 # over b * (FE_SERIAL + ttft_per_prompt_token * prompt) seconds (TTFT max of the 0.5B/1.5B bursts, run 1: 2.2-2.9 ms
 # per request beyond the per-token part; the larger models are engine-bound there and do not show it).
@@ -56,7 +63,6 @@ def attn_ratio(model: str) -> float:
     layers, d, inter, kv = SHAPES[model]
     linear = 2 * layers * (2 * d * d + 2 * d * kv + 3 * d * inter)
     return 4 * layers * d / linear * 1e6
-WITH_MIX = False         # --with-mix: also fit the mixed prefill+decode steps (they carry the eager-step cost)
 
 
 def prefill_steps(n: int, start: int = 0, budget: int = BUDGET) -> list[tuple[int, int]]:
@@ -73,19 +79,89 @@ def row(**kw: float) -> dict[str, float]:
     return {c: float(kw.get(c, 0.0)) for c in EXT_COLS}
 
 
+def step(**kw: float) -> tuple[np.ndarray, int]:
+    """One engine step: its linear features (FEATURES order) and its scheduled tokens."""
+    x = np.array([float(kw.get(c, 0.0)) for c in FEATURES])
+    return x, int(kw.get("prefill_tokens", 0) + kw.get("decode_seqs", 0))
+
+
+# parameters of the full model, fitted jointly by nonlinear least squares (scipy least_squares)
+PARAMS = (*FEATURES, "ovh_ttft", "eager_floor", "eager_extra", "eager_per_token")
+
+
+def model_y(r: dict, p: np.ndarray, per_token: float) -> float:
+    """What the simulator's step model predicts for a row: its steps (eager ones: max(linear, floor) + extra +
+    per_token * tokens), plus, for a TTFT, the front end's constant and per-prompt-token cost."""
+    lin_c, ovh, floor, extra, ptok = p[:5], p[5], p[6], p[7], p[8]
+    y = 0.0
+    for x, tokens in r["steps"]:
+        d = float(lin_c @ x)
+        if tokens > GRAPH_MAX:
+            d = max(d, floor) + extra + ptok * tokens
+        y += d
+    if r["kind"] == "ttft":
+        y += ovh + per_token * r["n"]
+    return y
+
+
+def fit_full(rows: list[dict], per_token: float, tie: float, x0: np.ndarray) -> np.ndarray:
+    """Relative-error least squares of the full model over every row with ``fit`` (groups balanced)."""
+    from scipy.optimize import least_squares
+
+    fr = [r for r in rows if r["fit"]]
+    kinds = [r["kind"] for r in fr]
+    w = np.array([1.0 / math.sqrt(kinds.count(k)) for k in kinds])
+    ia, ip = FEATURES.index("prefill_attn_mtok2"), FEATURES.index("prefill_tokens")
+
+    def expand(q: np.ndarray) -> np.ndarray:
+        p = q.copy()
+        if tie:
+            p[ia] = tie * p[ip]
+        return p
+
+    def res(q: np.ndarray) -> np.ndarray:
+        p = expand(q)
+        return np.array([(model_y(r, p, per_token) / r["y"] - 1) for r in fr]) * w
+
+    scale = np.array([1e-3, 1e-5, 1e-5, 1e-8, 1e-3, 1e-2, 1e-2, 1e-2, 1e-5])
+    sol = least_squares(res, np.maximum(x0, 0.0), bounds=(0.0, np.inf), x_scale=scale, loss="soft_l1", f_scale=0.1)
+    return expand(sol.x)
+
+
+def fit_eager(rows: list[dict], lin: np.ndarray, per_token: float, with_mix: bool = True) -> np.ndarray:
+    """Stage 2: eager_floor, eager_extra, eager_per_token on the eager decode (and mixed) steps, the linear
+    coefficients ``lin`` (FEATURES + ovh_ttft) held fixed. Returns the full PARAMS vector."""
+    from scipy.optimize import least_squares
+
+    fr = [r for r in rows if r["kind"] == "eager" or (with_mix and r["kind"] == "mix")]
+
+    def full(q: np.ndarray) -> np.ndarray:
+        return np.array([*lin[:6], *q])
+
+    def res(q: np.ndarray) -> np.ndarray:
+        return np.array([model_y(r, full(q), per_token) / r["y"] - 1 for r in fr])
+
+    sol = least_squares(res, np.array([0.01, 0.01, 0.0]), bounds=(0.0, np.inf), x_scale=np.array([1e-2, 1e-2, 1e-5]),
+                        loss="soft_l1", f_scale=0.1)
+    return full(sol.x)
+
+
 def ttft_row(n: int, y_ms: float, key: str, server_prefill_ms: float | None = None) -> dict:
     chunks = prefill_steps(n)
     r = row(base=len(chunks), prefill_tokens=n, prefill_attn_mtok2=sum(c * (s + c / 2) for s, c in chunks) / 1e6,
-            ovh_ttft=1, eager_step=sum(1 for _, c in chunks if c > GRAPH_MAX), ttft_per_prompt_token=n)
+            ovh_ttft=1, eager_extra=sum(1 for _, c in chunks if c > GRAPH_MAX),
+            eager_tokens=sum(c for _, c in chunks if c > GRAPH_MAX), ttft_per_prompt_token=n)
     # client TTFT minus vLLM's own "scheduled -> first token" time: front end + queueing outside the engine step
     front = (y_ms - server_prefill_ms) / 1e3 if server_prefill_ms else None
-    return {"kind": "ttft", "key": key, "x": r, "y": y_ms / 1e3, "fit": True, "front": front, "n": n}
+    steps = [step(base=1, prefill_tokens=c, prefill_attn_mtok2=c * (s + c / 2) / 1e6) for s, c in chunks]
+    return {"kind": "ttft", "key": key, "x": r, "y": y_ms / 1e3, "fit": True, "front": front, "n": n, "steps": steps}
 
 
 def decode_row(b: int, ctx_mid: float, y_ms: float, key: str) -> dict:
-    r = row(base=1, decode_seqs=b, decode_context_tokens=b * ctx_mid, eager_step=int(b > GRAPH_MAX))
-    return {"kind": "decode", "key": key + (" (eager)" if b > GRAPH_MAX else ""), "x": r, "y": y_ms / 1e3,
-            "fit": b <= GRAPH_MAX}
+    eager = b > GRAPH_MAX
+    r = row(base=1, decode_seqs=b, decode_context_tokens=b * ctx_mid, eager_extra=int(eager), eager_tokens=b * eager)
+    return {"kind": "eager" if eager else "decode", "key": key + (" (eager)" if eager else ""), "x": r,
+            "y": y_ms / 1e3, "fit": not eager, "steps": [step(base=1, decode_seqs=b, decode_context_tokens=b * ctx_mid)]}
 
 
 def build_rows(runs: list[dict]) -> list[dict]:
@@ -115,10 +191,12 @@ def build_rows(runs: list[dict]) -> list[dict]:
                 continue
             b, L = mix["batch"], inj["prompt"]
             c = min(L, BUDGET - b)
+            eager = c + b > GRAPH_MAX
             r = row(base=1, prefill_tokens=c, prefill_attn_mtok2=c * c / 2 / 1e6, decode_seqs=b,
-                    decode_context_tokens=b * inj["ctx_at_gap"], eager_step=int(c + b > GRAPH_MAX))
+                    decode_context_tokens=b * inj["ctx_at_gap"], eager_extra=int(eager), eager_tokens=(c + b) * eager)
             rows.append({"kind": "mix", "key": f"r{i} mix b{b}+p{L}", "x": r, "y": inj["max_gap_ms"] / 1e3,
-                         "fit": WITH_MIX})
+                         "fit": True, "steps": [step(base=1, prefill_tokens=c, prefill_attn_mtok2=c * c / 2 / 1e6,
+                                                     decode_seqs=b, decode_context_tokens=b * inj["ctx_at_gap"])]})
         st = ((d.get("saturation") or {}).get("stream") or {}).get("steady")
         if st and st.get("step_ms"):
             sat = d["saturation"]["stream"]
@@ -195,64 +273,109 @@ def compact_points(runs: list[dict]) -> dict:
     return out
 
 
+def fit_frontend(prof: dict, runs: list[dict], sim_http_s: float) -> tuple[float, float]:
+    """frontend_s.per_request: the value whose simulated bursts (replay.py, the engine on a virtual clock) best
+    match the measured TTFT p50 of the tpot bursts (b = 8..128 requests sent at once). Returns (value, mean
+    |log error|). The constant overhead_s.ttft is the fitted TTFT constant minus per_request (a lone request
+    pays both)."""
+    from backends.sim.profile import parse_profile
+    from scripts.calibrate.replay import Run  # noqa: PLC0415
+
+    pts = [(t["prompt"], t["batch"], t["ttft_ms_p50"] / 1e3) for d in runs for t in d.get("tpot", [])
+           if t["batch"] >= 8 and t.get("ttft_ms_p50")]
+    ovh_total = prof["overhead_s"]["ttft"]
+    best = (0.0, float("inf"))
+    for fe in np.arange(0.0, min(ovh_total, 0.008) + 1e-9, 0.00025):
+        q = json.loads(json.dumps(prof))
+        q["frontend_s"]["per_request"] = float(fe)
+        q["overhead_s"]["ttft"] = ovh_total - float(fe)
+        pr = parse_profile(q)
+        err = []
+        for p, b, y in pts:
+            run = Run(pr, [(0.0, p, 2)] * b).go()
+            err.append(abs(math.log((float(np.median(run.first_seen)) + sim_http_s) / y)))
+        e = float(np.mean(err))
+        if e < best[1]:
+            best = (float(fe), e)
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--out-dir", default=str(PROFILES))
     ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--with-mix", action="store_true", help="fit the mixed-step points too")
+    ap.add_argument("--no-mix", action="store_true", help="leave the mixed prefill+decode steps out of the fit")
+    ap.add_argument("--tie-attn", action="store_true",
+                    help="tie prefill_attn_mtok2 to prefill_tokens by the model's attention/linear FLOP ratio")
     ap.add_argument("--sim-http-ms", type=float, default=3.0,
                     help="the simulated worker's own HTTP/SSE cost per first token (measured on the 2-core dev box), "
                          "taken off the fitted client-side TTFT overhead so that it is not counted twice")
     a = ap.parse_args()
-    global WITH_MIX
-    WITH_MIX = a.with_mix
     data = Path(a.data)
     summary = json.loads((data / "summary.json").read_text())
     kvsmall = json.loads((data / "probe-kvsmall.json").read_text()) if (data / "probe-kvsmall.json").exists() else {}
-    report = {}
+    sim_http = a.sim_http_ms / 1e3
     for model, quality in MODELS.items():
         d = json.loads((data / f"probe-{model}.json").read_text())
         runs = [d] + [json.loads(f.read_text()) for f in sorted(data.glob(f"probe2-{model}.json"))]
         rows = build_rows(runs)
-        coef = fit(rows, COLS)
+        for r in rows:  # the new model expresses every point: fit them all (mixed steps unless --no-mix)
+            r["fit"] = not (a.no_mix and r["kind"] == "mix")
+        plain = fit([dict(r, fit=r["kind"] in ("ttft", "decode")) for r in rows], COLS)  # the old 5-term model
         k = front_slope(rows)
-        ext = np.append(fit(rows, EXT_COLS[:-1], use_all=True, per_token=k, tie_attn=attn_ratio(model)), k)
+        # stage 1: the linear step model and the TTFT constant on the points that run inside CUDA graphs or are
+        # dominated by prefill (TTFT, decode <= 128 sequences), the front end's per-token cost taken off first;
+        # stage 2: the eager-step terms on the steps of more than 128 tokens (decode > 128, mixed steps), the
+        # linear part held fixed; stage 3 (below): frontend_s.per_request from the bursts.
+        lin = fit([dict(r, fit=r["kind"] in ("ttft", "decode")) for r in rows], COLS, per_token=k,
+                  tie_attn=attn_ratio(model) if a.tie_attn else 0.0)
+        coef = fit_eager(rows, lin, k, with_mix=not a.no_mix)
         print(f"\n== {model}")
-        print("  " + "  ".join(f"{c}={v:.4g}" for c, v in zip(COLS, coef, strict=True)))
-        print(f"  {'point':28s} {'measured ms':>11s} {'fit ms':>9s} {'err':>7s}   {'ext fit':>8s} {'err':>7s}")
-        errs, eerrs, fit_rows = [], [], []
+        print("  " + "  ".join(f"{c}={v:.4g}" for c, v in zip(PARAMS, coef, strict=True)) + f"  fe_per_token={k:.4g}")
+        print(f"  {'point':30s} {'measured ms':>11s} {'fit ms':>9s} {'err':>7s}   {'5-term':>8s} {'err':>7s}")
+        errs, perrs, fit_rows = [], [], []
         for r in rows:
-            p, pe = predict(r, coef, COLS), predict(r, ext, EXT_COLS)
-            e, ee = (p - r["y"]) / r["y"], (pe - r["y"]) / r["y"]
-            if r["fit"]:
-                errs.append(abs(e))
-            eerrs.append(abs(ee))
-            print(f"  {r['key']:28s} {r['y'] * 1e3:11.2f} {p * 1e3:9.2f} {e:+7.1%}   {pe * 1e3:8.2f} {ee:+7.1%}"
+            pe, pp = model_y(r, coef, k), predict(r, plain, COLS)
+            e, ep = (pe - r["y"]) / r["y"], (pp - r["y"]) / r["y"]
+            errs.append(abs(e))
+            perrs.append(abs(ep))
+            print(f"  {r['key']:30s} {r['y'] * 1e3:11.2f} {pe * 1e3:9.2f} {e:+7.1%}   {pp * 1e3:8.2f} {ep:+7.1%}"
                   + ("" if r["fit"] else "  (not fitted)"))
-            fit_rows.append({"point": r["key"], "measured_ms": round(r["y"] * 1e3, 3), "fit_ms": round(p * 1e3, 3),
-                             "rel_err": round(e, 4), "in_fit": r["fit"], "extended_fit_ms": round(pe * 1e3, 3)})
+            fit_rows.append({"point": r["key"], "kind": r["kind"], "measured_ms": round(r["y"] * 1e3, 3),
+                             "fit_ms": round(pe * 1e3, 3), "rel_err": round(e, 4), "in_fit": r["fit"],
+                             "plain_fit_ms": round(pp * 1e3, 3)})
         by_kind = {}
-        for kind in ("ttft", "decode", "mix", "eager"):
-            sel = [fr for r_, fr in zip(rows, fit_rows, strict=True)
-                   if (r_["kind"] == kind and "eager" not in r_["key"]) or (kind == "eager" and "eager" in r_["key"])]
+        for kind in ("ttft", "decode", "eager", "mix"):
+            sel = [x for x in fit_rows if x["kind"] == kind]
             if sel:
                 by_kind[kind] = {"n": len(sel),
                                  "mean_abs_rel_err": round(float(np.mean([abs(x["rel_err"]) for x in sel])), 4),
-                                 "extended_mean_abs_rel_err": round(float(np.mean(
-                                     [abs(x["extended_fit_ms"] / x["measured_ms"] - 1) for x in sel])), 4)}
-        print("  by kind: " + ", ".join(f"{k} n={v['n']} {v['mean_abs_rel_err']:.1%} "
-                                        f"(ext {v['extended_mean_abs_rel_err']:.1%})" for k, v in by_kind.items()))
-        print(f"  fit: mean |err| {np.mean(errs):.1%}, max {np.max(errs):.1%} over {len(errs)} fitted points; "
-              f"extended fit (all points): mean {np.mean(eerrs):.1%}, max {np.max(eerrs):.1%}")
+                                 "plain_mean_abs_rel_err": round(float(np.mean(
+                                     [abs(x["plain_fit_ms"] / x["measured_ms"] - 1) for x in sel])), 4)}
+        print("  by kind: " + ", ".join(f"{kk} n={v['n']} {v['mean_abs_rel_err']:.1%} "
+                                        f"(5-term {v['plain_mean_abs_rel_err']:.1%})" for kk, v in by_kind.items()))
+        print(f"  fit: mean |err| {np.mean(errs):.1%}, max {np.max(errs):.1%} over {len(errs)} points "
+              f"(5-term model: mean {np.mean(perrs):.1%}, max {np.max(perrs):.1%})")
         kv = summary["workers"].get(model, {}).get("kv_tokens")
-        step = {c: float(f"{v:.4g}") for c, v in zip(FEATURES, coef[:5], strict=True)}
+        c = dict(zip(PARAMS, coef, strict=True))
+        g = lambda v: float(f"{v:.4g}")  # noqa: E731
         prof = {
             "name": f"h200-{model}", "model": model, "quality": quality,
             "kv_budget_tokens": kv, "block_size": 16, "max_num_seqs": 1024, "max_num_batched_tokens": BUDGET,
             "max_model_len": 16384,
-            "step_time_s": step,
-            "overhead_s": {"ttft": float(f"{max(0.0, coef[5] - a.sim_http_ms / 1e3):.4g}")},
+            "step_time_s": {f: g(c[f]) for f in FEATURES},
+            "cudagraph": {"max_tokens": GRAPH_MAX, "eager_floor_s": g(c["eager_floor"]),
+                          "eager_extra_s": g(c["eager_extra"]), "eager_per_token_s": g(c["eager_per_token"])},
+            "frontend_s": {"per_request": 0.0, "per_prompt_token": g(k)},
+            "overhead_s": {"ttft": g(max(0.0, c["ovh_ttft"] - sim_http))},
+        }
+        fe, fe_err = fit_frontend(prof, runs[:1], sim_http)
+        prof["frontend_s"]["per_request"] = g(fe)
+        prof["overhead_s"]["ttft"] = g(max(0.0, c["ovh_ttft"] - sim_http - fe))
+        print(f"  frontend: per_request {fe * 1e3:.2f} ms (burst TTFT p50 mean |log err| {fe_err:.1%}), "
+              f"per_prompt_token {k * 1e6:.2f} us; overhead_s.ttft {prof['overhead_s']['ttft'] * 1e3:.2f} ms")
+        prof.update({
             "provenance": {"status": "measured", "date": d["meta"]["started"][:10], "vllm": "0.26.0",
                            "gpu": "NVIDIA H200",
                            "flags": f"--model /tmp/models/{model} --load-format dummy --dtype bfloat16 "
@@ -261,39 +384,31 @@ def main() -> None:
                                       "prefill, prefix caching, async scheduling, CUDA graphs FULL_AND_PIECEWISE "
                                       "sizes 1..128)",
                            "script": "scripts/calibrate/run_h200.sh + probe.py; fit: scripts/calibrate/fit_profile.py",
-                           "fit": {"client_ttft_overhead_fitted_s": float(f"{coef[5]:.4g}"),
-                                   "sim_http_overhead_subtracted_s": a.sim_http_ms / 1e3,
-                                   "mixed_steps_fitted": WITH_MIX,
+                           "fit": {"client_ttft_constant_fitted_s": g(c["ovh_ttft"]),
+                                   "sim_http_overhead_subtracted_s": sim_http,
+                                   "frontend_per_request_burst_log_err": round(fe_err, 4),
+                                   "mixed_steps_fitted": not a.no_mix, "attn_tied": a.tie_attn,
                                    "mean_abs_rel_err": round(float(np.mean(errs)), 4),
                                    "max_abs_rel_err": round(float(np.max(errs)), 4), "points": len(errs),
                                    "by_kind": by_kind}},
             "raw": {
                 "source": f"scripts/calibrate/data/probe-{model}.json (run 1), probe2-{model}.json (run 2)",
                 "points": compact_points(runs),
-                "fit_rows": {"columns": ["point", "measured_ms", "fit_ms", "rel_err", "in_fit", "extended_fit_ms"],
+                "fit_rows": {"columns": ["point", "measured_ms", "fit_ms", "rel_err", "in_fit", "plain_fit_ms"],
                              "rows": [[r["point"], r["measured_ms"], r["fit_ms"], r["rel_err"], r["in_fit"],
-                                       r["extended_fit_ms"]] for r in fit_rows]},
-                "extended_fit": {
-                    "note": "same features plus eager_step (1 per step of more than 128 scheduled tokens: vLLM runs "
-                            "those without CUDA graphs) and ttft_per_prompt_token (front-end tokenization and "
-                            "request processing, client-visible but outside the engine step: the slope of client "
-                            "TTFT minus vLLM's request_prefill_time over prompt length), of which "
-                            "frontend_serial_s_per_request + ttft_per_prompt_token * prompt is spent by the API "
-                            "server one request at a time; prefill_attn_mtok2 tied to prefill_tokens by the "
-                            "model's attention/linear FLOP ratio; the rest fitted by NNLS on all points, decode "
-                            "batches above 128 included; not read by the simulator yet (scripts/calibrate/compare.py "
-                            "--extended patches it in)",
-                    "coef": {**{c: float(f"{v:.4g}") for c, v in zip(EXT_COLS, ext, strict=True)},
-                             "frontend_serial_s_per_request": FE_SERIAL},
-                    "mean_abs_rel_err": round(float(np.mean(eerrs)), 4)},
+                                       r["plain_fit_ms"]] for r in fit_rows]},
+                "plain_fit": {
+                    "note": "the 5-term model without cudagraph/frontend_s (the profile format before 2026-11-29), "
+                            "fitted to the TTFT and <=128-sequence decode points only, for reference",
+                    "coef": {cc: g(v) for cc, v in zip(COLS, plain, strict=True)},
+                    "mean_abs_rel_err": round(float(np.mean(perrs)), 4)},
             },
-        }
+        })
         if model == "qwen2.5-0.5b" and kvsmall.get("kv"):
-            k = kvsmall["kv"]
-            prof["raw"]["kv_pressure"] = {kk: v for kk, v in k.items()
+            kvd = kvsmall["kv"]
+            prof["raw"]["kv_pressure"] = {kk: v for kk, v in kvd.items()
                                           if kk not in ("metrics_delta", "cache_config", "polls")}
             prof["raw"]["kv_pressure"]["flags"] = summary.get("small_kv_flags")
-        report[model] = prof
         if not a.dry_run:
             p = Path(a.out_dir) / f"h200-{model}.json"
             p.write_text(json.dumps(prof, indent=1) + "\n")

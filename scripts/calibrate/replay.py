@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import heapq
 import random
 import statistics
 import sys
@@ -48,47 +49,69 @@ class Run:
         self.engine = Engine(profile, kv_tokens or profile.kv_budget_tokens, profile.max_num_seqs,
                              profile.max_num_batched_tokens)
         rng = random.Random(seed)
-        self.reqs: list[Request] = []
+        self.reqs: list[Request] = []  # in arrival order
         for i, (t, p, o) in enumerate(sorted(arrivals)):
             ids = [rng.randrange(1 << 30) for _ in range(p)]  # distinct prompts: no prefix-cache hits
             self.reqs.append(Request(f"r{i}", ids, Answer(o, 0, None), o, ignore_eos=True, arrival=t))
         self.max_running = self.max_waiting = 0
+        self.first_seen: list[float] = []
+        self.done_seen: list[float] = []
 
     def go(self) -> Run:
-        eng = self.engine
-        # the serial front end, in arrival order
-        queue = sorted(((eng.frontend_exit(r.arrival, r.prompt_len), i) for i, r in enumerate(self.reqs)))
-        k, t = 0, 0.0
-        while k < len(queue) or not eng.idle:
-            while k < len(queue) and queue[k][0] <= t:
-                eng.enqueue(self.reqs[queue[k][1]], queue[k][0])
-                k += 1
+        """Run to completion. Sets ``first_seen`` / ``done_seen`` per request: when its first and last token
+        come out of the engine (in the live sim the HTTP layer adds its own cost: ``--sim-http-ms``)."""
+        eng, reqs = self.engine, self.reqs
+        first: dict[int, float] = {}
+        done: dict[int, float] = {}
+        pending: list[tuple[float, int]] = []  # (time it leaves the front end, index)
+        a, t = 0, 0.0
+        while a < len(reqs) or pending or not eng.idle:
+            while a < len(reqs) and reqs[a].arrival <= t:  # the front end takes arrivals in order
+                heapq.heappush(pending, (eng.frontend_exit(reqs[a].arrival, reqs[a].prompt_len), a))
+                a += 1
+            while pending and pending[0][0] <= t:
+                at, i = heapq.heappop(pending)
+                eng.enqueue(reqs[i], at)
             if eng.idle:
-                t = queue[k][0]
+                t = min(pending[0][0] if pending else float("inf"), reqs[a].arrival if a < len(reqs) else float("inf"))
                 continue
             batch = eng.schedule(t)
             self.max_running = max(self.max_running, len(eng.running))
             self.max_waiting = max(self.max_waiting, len(eng.waiting))
-            eng.commit(batch, t + batch.duration)
-            t += batch.duration
+            end = t + batch.duration
+            while a < len(reqs) and reqs[a].arrival <= end:  # arrivals during the step reach the front end
+                heapq.heappush(pending, (eng.frontend_exit(reqs[a].arrival, reqs[a].prompt_len), a))
+                a += 1
+            eng.commit(batch, end)
+            seen = end
+            for r in batch.requests:
+                k = int(r.request_id[1:])
+                if r.first_token == end and k not in first:
+                    first[k] = seen
+                if r.finished_at == end:
+                    done[k] = seen
+            t = end
+        self.first_seen = [first[k] for k in range(len(reqs))]
+        self.done_seen = [done[k] for k in range(len(reqs))]
         return self
 
 
 def replay_model(prof: Profile, real: dict, http_s: float) -> tuple[dict, dict]:
     ttft = []
     for n in TTFT_PROMPTS:
-        r = Run(prof, [(0.0, n, 1)]).go().reqs[0]
-        ttft.append({"prompt": n, "ttft_ms": (r.first_token - r.arrival + http_s) * 1e3})
+        run = Run(prof, [(0.0, n, 1)]).go()
+        ttft.append({"prompt": n, "ttft_ms": (run.first_seen[0] + http_s) * 1e3})
     tpot = []
     for p in TPOT_PROMPTS:
         for b in TPOT_BATCHES:
-            rs = Run(prof, [(0.0, p, TPOT_OUT)] * b).go().reqs
-            tp = [(r.finished_at - r.first_token) / (TPOT_OUT - 1) for r in rs]
+            run = Run(prof, [(0.0, p, TPOT_OUT)] * b).go()
+            tp = [(d - f) / (TPOT_OUT - 1) for f, d in zip(run.first_seen, run.done_seen, strict=True)]
             tpot.append({"prompt": p, "batch": b, "tpot_ms_p50": statistics.median(tp) * 1e3,
-                         "ttft_ms_p50": statistics.median(r.first_token + http_s for r in rs) * 1e3})
+                         "ttft_ms_p50": (statistics.median(run.first_seen) + http_s) * 1e3,
+                         "ttft_ms_max": (max(run.first_seen) + http_s) * 1e3})
     sat = (real.get("saturation") or {}).get("nonstream") or {"streams": 256, "prompt": 128, "out": 256}
-    rs = Run(prof, [(0.0, sat["prompt"], sat["out"])] * sat["streams"]).go().reqs
-    mk = max(r.finished_at for r in rs) + http_s
+    run = Run(prof, [(0.0, sat["prompt"], sat["out"])] * sat["streams"]).go()
+    mk = max(run.done_seen) + http_s
     saturation = {"nonstream": {"streams": sat["streams"], "makespan_s": mk,
                                 "out_tok_s": sat["streams"] * sat["out"] / mk}}
     mix = real.get("mix") or {}
@@ -96,16 +119,17 @@ def replay_model(prof: Profile, real: dict, http_s: float) -> tuple[dict, dict]:
     if mix:
         arr = [(0.0, 256, mix["decode_out"])] * mix["batch"]
         arr += [(i["at_s"], i["prompt"], 1) for i in mix["inject"]]
-        rs = Run(prof, arr).go().reqs
+        run = Run(prof, arr).go()
         for i in mix["inject"]:
-            r = next(x for x in rs if x.arrival == i["at_s"])
-            inj.append({"prompt": i["prompt"], "at_s": i["at_s"], "ttft_ms": (r.first_token - r.arrival + http_s) * 1e3})
+            k = next(k for k, x in enumerate(run.reqs) if x.arrival == i["at_s"])
+            inj.append({"prompt": i["prompt"], "at_s": i["at_s"],
+                        "ttft_ms": (run.first_seen[k] - i["at_s"] + http_s) * 1e3})
     return {"ttft": ttft}, {"tpot": tpot, "saturation": saturation, "mix": {"batch": mix.get("batch"), "inject": inj}}
 
 
 def replay_kv(prof: Profile, real: dict, http_s: float) -> dict:
     run = Run(prof, [(0.0, real["prompt"], real["out"])] * real["requests"], kv_tokens=real["kv_tokens"]).go()
-    e2e = sorted(r.finished_at + http_s for r in run.reqs)
+    e2e = sorted(d + http_s for d in run.done_seen)
     q = lambda x: e2e[min(len(e2e) - 1, int(round(x * (len(e2e) - 1))))]  # noqa: E731
     return {"kv": {"kv_tokens": real["kv_tokens"], "makespan_s": e2e[-1], "e2e_s_p50": statistics.median(e2e),
                    "e2e_s_p99": q(0.99), "preemptions": run.engine.stats.preemptions,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from backends.sim.engine import Batch, Engine, Request, Status
@@ -143,3 +144,66 @@ def test_abort_frees_blocks_and_leaves_the_rest_running(make_engine: MakeEngine)
     assert engine.kv.usage < used
     run(engine, 1.0)
     assert b.status is Status.FINISHED and engine.kv.usage == 0.0
+
+
+CLIFF = {"max_tokens": 128, "eager_floor_s": 0.02, "eager_extra_s": 0.001, "eager_per_token_s": 1e-6}
+
+
+def test_a_step_above_the_cudagraph_limit_costs_the_eager_terms(make_engine: MakeEngine) -> None:
+    engine = make_engine(cudagraph=CLIFF)
+    c = engine.profile.step_time
+    engine.enqueue(request(128, out=2, tag=1))
+    graph = engine.step(0.0)  # 128 tokens: inside the CUDA graphs, the linear model alone
+    assert abs(graph.duration - (c.base + 128 * c.prefill_tokens)) < 1e-12
+    engine = make_engine(cudagraph=CLIFF)
+    engine.enqueue(request(129, out=2, tag=2))
+    eager = engine.step(0.0)  # 129 tokens: max(linear, floor) + extra + per token
+    assert abs(eager.duration - (0.02 + 0.001 + 129 * 1e-6)) < 1e-12
+    assert eager.duration > 2 * graph.duration
+    engine = make_engine(cudagraph=CLIFF)
+    engine.enqueue(request(2000, out=2, tag=3))
+    big = engine.step(0.0)  # GPU-bound: the linear model is above the floor
+    assert abs(big.duration - (c.base + 2000 * c.prefill_tokens + 0.001 + 2000 * 1e-6)) < 1e-12
+
+
+def test_decode_batches_above_the_limit_fall_off_the_cliff(make_engine: MakeEngine) -> None:
+    def step_of(n: int) -> float:
+        engine = make_engine(cudagraph=CLIFF, max_num_seqs=512)
+        reqs = [request(4, out=3, tag=k) for k in range(n)]
+        for r in reqs:
+            engine.enqueue(r)
+        engine.step(0.0)  # prefill (n * 4 tokens)
+        return engine.step(1.0).duration  # one decode step of n sequences
+
+    c = make_engine().profile.step_time
+    assert abs(step_of(128) - (c.base + 128 * c.decode_seqs)) < 1e-12
+    linear = c.base + 129 * c.decode_seqs
+    assert abs(step_of(129) - (max(linear, 0.02) + 0.001 + 129 * 1e-6)) < 1e-12
+    assert step_of(129) - step_of(128) > 0.004  # a cliff, not the 0.1 ms of one more sequence
+
+
+def test_the_serial_front_end_spreads_a_burst(make_engine: MakeEngine) -> None:
+    engine = make_engine(frontend_s={"per_request": 0.002, "per_prompt_token": 1e-5}, overhead_s={"ttft": 0.01})
+    exits = [engine.frontend_exit(0.0, 100) for _ in range(4)]  # a burst of 4: one after another
+    assert [round(x, 9) for x in exits] == [0.013, 0.016, 0.019, 0.022]
+    assert abs(engine.frontend_exit(1.0, 0) - 1.012) < 1e-12  # idle again: no wait
+    plain = make_engine(overhead_s={"ttft": 0.01})  # no frontend_s: the old constant overhead
+    assert [plain.frontend_exit(0.0, 100) for _ in range(3)] == [0.01, 0.01, 0.01]
+
+
+def test_the_serial_front_end_adds_queueing_to_a_burst_live(make_engine: MakeEngine) -> None:
+    async def burst() -> list[float]:
+        engine = make_engine(frontend_s={"per_request": 0.004})
+        task = asyncio.create_task(engine.run())
+        loop = asyncio.get_running_loop()
+        reqs = [request(8, out=1, tag=k, arrival=loop.time()) for k in range(8)]
+        for r in reqs:
+            engine.submit(r)
+        while not all(r.done for r in reqs):
+            await asyncio.sleep(0.005)
+        task.cancel()
+        return [r.first_token - r.arrival for r in reqs]
+
+    ttft = asyncio.run(burst())
+    assert ttft == sorted(ttft)
+    assert ttft[-1] >= 8 * 0.004 and ttft[0] < 0.004 + 0.02

@@ -48,3 +48,39 @@ def test_bad_settings_raise_profile_error(settings: SimSettings, match: str) -> 
     with pytest.raises(ProfileError, match=match) as info:
         create_app(settings)
     assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+
+
+def test_old_profiles_without_the_new_terms_still_load(sim_profile: Callable[..., str]) -> None:
+    p = load_profile(sim_profile())
+    assert p.cudagraph is None and p.frontend is None
+
+
+def test_shipped_profiles_carry_the_cliff_and_the_front_end() -> None:
+    for name in ("h200-qwen2.5-0.5b", "h200-qwen2.5-7b"):
+        p = load_profile(name)
+        assert p.cudagraph is not None and p.cudagraph.max_tokens == 128
+        assert p.frontend is not None and p.frontend.per_prompt_token > 0
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "match"),
+    [
+        ("cudagraph", {"max_tokens": 128, "eager_warp": 1.0}, "eager_warp"),
+        ("cudagraph", {"eager_extra_s": 0.01}, "cudagraph.max_tokens"),
+        ("cudagraph", {"max_tokens": 0}, "cudagraph.max_tokens"),
+        ("cudagraph", {"max_tokens": 128, "eager_floor_s": -1}, "eager_floor_s"),
+        ("frontend_s", {"per_token": 1e-6}, "per_token"),
+        ("frontend_s", {"per_request": "fast"}, "per_request"),
+        ("overhead_s", {"tpot": 0.1}, "tpot"),
+    ],
+)
+def test_bad_new_sections_are_refused(
+    sim_profile: Callable[..., str], tmp_path: Path, section: str, value: object, match: str
+) -> None:
+    data = json.loads(Path(sim_profile()).read_text())
+    data[section] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match=match) as info:
+        load_profile(str(path))
+    assert "\n" not in str(info.value)

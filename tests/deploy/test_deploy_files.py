@@ -138,8 +138,8 @@ def test_prometheus_scrapes_gateways_and_every_worker() -> None:
 def test_dashboard_queries_only_metrics_that_exist() -> None:
     dash = json.loads((DEPLOY / "grafana" / "chimera-dashboard.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
-    used = {m for e in exprs for m in re.findall(r"\b((?:chimera_|vllm:)[a-z_:]+)", e)}
-    gateway = set(re.findall(r'"(chimera_[a-z_]+)"', (ROOT / "router" / "metrics.py").read_text()))
+    used = {m for e in exprs for m in re.findall(r"\b((?:chimera_|vllm:)[a-z0-9_:]+)", e)}
+    gateway = set(re.findall(r'"(chimera_[a-z0-9_]+)"', (ROOT / "router" / "metrics.py").read_text()))
     assert {"chimera_requests_total", "chimera_ttft_seconds", "chimera_e2e_seconds"} <= gateway
     for m in used:
         known = gateway if m.startswith("chimera_") else VLLM_METRICS
