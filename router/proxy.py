@@ -194,8 +194,8 @@ class ProxyResponse:
         if not opened.content_type.startswith("text/event-stream"):
             # Nothing has reached the client yet: one more retryable failure. Passed on, the client
             # would get a "stream" that is not SSE and never ends with [DONE] or an error event.
-            raise WorkerProtocolError(f"worker {opened.backend} answered a stream request with "
-                                      f"{opened.content_type!r}, not an event stream", backend=opened.backend)  # fmt: skip
+            raise WorkerProtocolError(f"worker {opened.backend} answered a stream with {opened.content_type!r}, "
+                                      "not an event stream", backend=opened.backend)  # fmt: skip
         # TTFT is taken at the first *content* event: a chat stream may open with a role-only event
         # before any token exists (the simulator sends it at once), which is not a first token.
         opening = self.call.features.endpoint == "chat"

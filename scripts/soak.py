@@ -20,12 +20,14 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,7 @@ class Counts:
     def __init__(self) -> None:
         self.ok = 0
         self.errors = 0
+        self.error_kinds: Counter[str] = Counter()  # status code or exception name
         self.latencies: list[float] = []
 
 
@@ -92,16 +95,18 @@ async def send(client: httpx.AsyncClient, url: str, rng: random.Random, counts: 
             async with client.stream("POST", url + "/v1/chat/completions", json=b) as r:
                 text = await r.aread()
             ok = r.status_code == 200 and text.endswith(b"data: [DONE]\n\n")
+            kind = str(r.status_code) if r.status_code != 200 else "stream ended without [DONE]"
         else:
             r = await client.post(url + "/v1/chat/completions", json=b)
-            ok = r.status_code == 200
-    except httpx.HTTPError:
-        ok = False
+            ok, kind = r.status_code == 200, str(r.status_code)
+    except httpx.HTTPError as exc:
+        ok, kind = False, type(exc).__name__
     counts.latencies.append(time.perf_counter() - t0)
     if ok:
         counts.ok += 1
     else:
         counts.errors += 1
+        counts.error_kinds[kind] += 1
 
 
 async def calibrate(url: str, seconds: float, concurrency: int) -> float:
@@ -165,7 +170,7 @@ def summarize(run: dict[str, Any], rate: float, capacity: float, args: argparse.
         "sims": args.sims, "speedup": args.speedup, "load": args.load,
         "capacity_rps": round(capacity, 1), "target_rps": round(rate, 1),
         "achieved_rps": round((counts.ok + counts.errors) / run["elapsed"], 1),
-        "requests": counts.ok + counts.errors, "errors": counts.errors,
+        "requests": counts.ok + counts.errors, "errors": counts.errors, "error_kinds": dict(counts.error_kinds),
         "latency_ms": {"p50": round(lat[len(lat) // 2] * 1000, 1), "p99": round(lat[int(len(lat) * 0.99)] * 1000, 1)},
         "rss_mib_start": round(rss0 / 2**20, 1), "rss_mib_end": round(rss1 / 2**20, 1),
         "rss_mib_max": round(max(s["rss"] for s in samples) / 2**20, 1),
@@ -212,7 +217,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rate = capacity * args.load
             run = asyncio.run(soak(url, proc.pid, rate, args.duration, args.sample_s))
         finally:
-            proc.terminate()
+            # SIGINT, not SIGTERM: uvicorn re-raises the signal it caught after its graceful shutdown,
+            # and a re-raised SIGTERM ends `chimera serve` before it stops its simulated workers.
+            proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:

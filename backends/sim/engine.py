@@ -6,9 +6,10 @@ through its prefill takes its next chunk) and, when one cannot get KV blocks, pr
 running request (recompute: its blocks are freed and it goes back to the front of the queue).
 Then, if nobody was preempted, waiting requests are admitted first-come first-served while the
 token budget and ``max_num_seqs`` allow, each reusing its longest cached prefix. A step lasts what
-the profile's linear model says for its features (plus the eager-mode cost when it schedules more
-tokens than vLLM captures CUDA graphs for), divided by ``speedup``; its tokens are released when it
-ends. In front of the queue sits the API server, a FIFO server that handles one request at a time. Time is an absolute schedule, so a late wake-up is caught up, and measured as lag.
+the profile's linear model says for its features (plus the eager-mode cost when it schedules
+more tokens than vLLM captures CUDA graphs for), divided by ``speedup``; its tokens are released
+when it ends. In front of the queue sits the API server, a FIFO server that handles one request at
+a time. Time is an absolute schedule, so a late wake-up is caught up, and measured as lag.
 """
 
 from __future__ import annotations

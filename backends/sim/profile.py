@@ -171,9 +171,7 @@ def _frontend(source: str, raw: dict[str, Any]) -> Frontend | None:
     sec = _section(source, raw, "frontend_s", ("per_request", "per_prompt_token"))
     return Frontend(
         per_request=_number(source, "frontend_s.per_request", sec.get("per_request", 0.0), minimum=0.0),
-        per_prompt_token=_number(
-            source, "frontend_s.per_prompt_token", sec.get("per_prompt_token", 0.0), minimum=0.0
-        ),
+        per_prompt_token=_number(source, "frontend_s.per_prompt_token", sec.get("per_prompt_token", 0.0), minimum=0.0),
     )
 
 

@@ -2,11 +2,11 @@
 
 A :mod:`router.bench.fastworker` process answers at once; the same open-loop Poisson stream of
 small streamed chat requests goes to it directly and then through a gateway, at each rate. The
-client is a bare asyncio HTTP/1.1 client (keep-alive pool, chunked bodies) so that it stays far
-cheaper than what it measures. Latency runs from a request's *scheduled* arrival to the end of its
-body (no coordinated omission: a saturated server shows as queueing). Pinning (Linux
-``sched_setaffinity``, what ``taskset -c`` does): the gateway on core 0, the worker and the client
-on core 1. Finally the gateway is run once more under cProfile at the first rate, and its profile
+client is a bare asyncio HTTP/1.1 client (keep-alive pool of at most 128 connections, chunked
+bodies) so that it stays far cheaper than what it measures. Latency runs from a request's
+*scheduled* arrival to the end of its body (no coordinated omission: a saturated server shows
+as queueing). Pinning (Linux ``sched_setaffinity``, what ``taskset -c`` does): the gateway on
+core 0, the worker and the client on core 1. Finally the gateway is run once more under cProfile at the first rate, and its profile
 is written to ``DIR/gateway-profile.{prof,txt}``.
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 from router.bench import gateway_proc
 from router.bench.stats import quantiles
 
+MAX_CONNECTIONS = 128  # like `vllm bench serve --max-concurrency`: an overloaded server queues, not drowns
 _PROMPT = [{"role": "user", "content": "say eight short words about routers please"}]
 BODY = json.dumps({"model": "auto", "stream": True, "max_tokens": 16, "messages": _PROMPT}).encode()
 CONFIG = """gateway: {{host: 127.0.0.1, port: {gw_port}, state: memory, policy: round_robin, default_agent: chat}}
@@ -69,9 +70,14 @@ async def offer(url: str, rate: float, duration_s: float, warmup_s: float, seed:
     lat: list[tuple[float, float]] = []  # (scheduled arrival, latency)
     errors = [0]
     rng = random.Random(f"overhead:{seed}:{rate}")
+    slots = asyncio.Semaphore(MAX_CONNECTIONS)
     horizon = warmup_s + duration_s
 
     async def one(at: float, t0: float) -> None:
+        async with slots:  # at most MAX_CONNECTIONS in flight; the rest queue here (and it shows)
+            await _one(at, t0)
+
+    async def _one(at: float, t0: float) -> None:
         conn = idle.pop() if idle else None
         try:
             if conn is None:

@@ -62,6 +62,9 @@ _e.Engine.schedule, _e.Engine.submit = schedule, submit
 def ext_profile(prof_path: Path, out: Path, sim_http_s: float) -> tuple[Path, tuple[float, float, float]]:
     """A copy of the profile carrying the extended fit's coefficients; returns it and the patch's constants."""
     prof = json.loads(prof_path.read_text())
+    if "extended_fit" not in prof.get("raw", {}):
+        raise SystemExit(f"{prof_path}: no raw.extended_fit (the simulator models the eager step and the serial "
+                         "front end itself since the cudagraph/frontend_s profile sections; --extended is obsolete)")
     c = prof["raw"]["extended_fit"]["coef"]
     fe = c.get("frontend_serial_s_per_request", 0.0)
     prof["step_time_s"] = {k: c[k] for k in prof["step_time_s"]}
@@ -262,7 +265,8 @@ def render(rows: list[dict]) -> str:
         return "-" if v is None else f"{v:+.0%}" + (" ✗" if abs(v) > 0.10 else "")
 
     ext = any(r["sim_ext"] is not None for r in rows)
-    head = "| model | cell | real | run spread | sim | rel. err |" + (" sim ext | rel. err |" if ext else "")
+    second = "before" if any(r.get("baseline") for r in rows) else "sim ext"
+    head = "| model | cell | real | run spread | sim | rel. err |" + (f" {second} | rel. err |" if ext else "")
     lines = [head, "|---|---|---:|---:|---:|---:|" + ("---:|---:|" if ext else "")]
     for r in rows:
         sp = "-" if r["run_spread"] is None else f"{r['run_spread']:.0%}"
@@ -272,7 +276,9 @@ def render(rows: list[dict]) -> str:
             line += f" {f(r['sim_ext'])} | {e(r['sim_ext_err'])} |"
         lines.append(line)
     lines.append("")
-    for key, name in (("sim_err", "sim (shipped profiles)"), ("sim_ext_err", "sim + extended model")):
+    names = (("sim_err", "sim (shipped profiles)"),
+             ("sim_ext_err", "before (baseline)" if second == "before" else "sim + extended model"))
+    for key, name in names:
         ok = [r for r in rows if r[key] is not None]
         if ok:
             within = sum(1 for r in ok if abs(r[key]) <= 0.10)
@@ -300,6 +306,8 @@ def main() -> None:
                     help="also run the sim patched with each profile's raw.extended_fit (eager steps, per-token TTFT)")
     ap.add_argument("--sim-http-ms", type=float, default=3.0, help="as in fit_profile.py, for the extended profiles")
     ap.add_argument("--write", default=str(DATA / "fidelity"), help="writes <this>.json and <this>.md")
+    ap.add_argument("--baseline", default="",
+                    help="a previous fidelity .json: its sim column is shown as 'before' (instead of sim ext)")
     a = ap.parse_args()
     a.models = [m for m in a.models.split(",") if m]
     Path(a.out_dir).mkdir(parents=True, exist_ok=True)
@@ -313,6 +321,12 @@ def main() -> None:
                 print("== KV pressure (qwen2.5-0.5b, small KV)", flush=True)
                 run_kv(a, a.port + 9, ext)
     rows = table(a)
+    if a.baseline:
+        old = {(r["model"], r["cell"]): r.get("sim") for r in json.loads(Path(a.baseline).read_text())}
+        for r in rows:
+            v = old.get((r["model"], r["cell"]))
+            r["sim_ext"], r["baseline"] = v, True
+            r["sim_ext_err"] = (v / r["real"] - 1) if (v is not None and r["real"]) else None
     md = render(rows)
     print(md)
     if a.write:

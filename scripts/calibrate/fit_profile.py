@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
 """Fit simulator step-time profiles from the raw H200 probe results (scripts/calibrate/data/).
 
-Every measured point is mapped onto the engine steps vLLM ran for it, giving one feature row each:
+Every measured point is mapped onto the engine steps vLLM ran for it:
 
-* TTFT of one prompt of n tokens (batch 1):  ceil(n/8192) prefill chunks, plus the constant front-end
-  cost ``overhead_s.ttft``:  y = ovh + sum_chunks(base + p*chunk + a*chunk*(start + chunk/2)/1e6);
-* steady decode at batch b (every stream decoding, b <= 128, i.e. inside vLLM's CUDA-graph sizes):
-  one step with decode_seqs = b and decode_context_tokens = b * (prompt + tokens generated so far);
-* a prompt injected into a 32-stream decode batch (the "mix" probe): the decoders' largest inter-token
-  gap is one mixed step: prefill chunk min(L, 8192 - 32) + 32 decoding sequences.
+* TTFT of one prompt of n tokens (batch 1): ceil(n/8192) prefill chunks, plus the front end (a constant and
+  ``frontend_s.per_prompt_token`` * n);
+* steady decode at batch b: one step with decode_seqs = b and decode_context_tokens = b * (prompt + generated);
+* a prompt injected into a 32-stream decode batch (the "mix" probe): the decoders' largest inter-token gap is one
+  mixed step: prefill chunk min(L, 8192 - 32) + 32 decoding sequences.
 
-Coefficients are non-negative least squares on relative error (each row and target divided by the
-measurement). Points the linear model cannot express are kept out of the fit and reported against it:
-decode steps of more than 128 sequences (vLLM runs them without CUDA graphs: ~30-45 ms a step on this
-machine, whatever the model). An *extended* fit, with an eager-step indicator (step > 128 tokens) and a
-front-end cost per prompt token, is stored in each profile's ``raw.extended_fit`` for a future simulator.
+A step of more than 128 scheduled tokens (vLLM's --max-cudagraph-capture-size) runs without CUDA graphs and lasts
+max(linear, cudagraph.eager_floor_s) + eager_extra_s + eager_per_token_s * tokens. The fit has three stages
+(see docs/CALIBRATION.md, "The fit"): 1. the linear model + TTFT constant by NNLS on the TTFT and <= 128-sequence
+decode points (relative error, groups balanced), the front end's per-token cost (measured directly: client TTFT
+minus vLLM's request_prefill_time, over prompt length) taken off first; 2. the eager terms on the > 128-sequence
+decode and mixed steps, linear part fixed; 3. frontend_s.per_request from run 1's 256-request burst.
 
     python scripts/calibrate/fit_profile.py                # writes backends/sim/profiles/h200-*.json
     python scripts/calibrate/fit_profile.py --dry-run      # print the fit only
@@ -24,9 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
-
 import sys
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import nnls
@@ -161,7 +160,8 @@ def decode_row(b: int, ctx_mid: float, y_ms: float, key: str) -> dict:
     eager = b > GRAPH_MAX
     r = row(base=1, decode_seqs=b, decode_context_tokens=b * ctx_mid, eager_extra=int(eager), eager_tokens=b * eager)
     return {"kind": "eager" if eager else "decode", "key": key + (" (eager)" if eager else ""), "x": r,
-            "y": y_ms / 1e3, "fit": not eager, "steps": [step(base=1, decode_seqs=b, decode_context_tokens=b * ctx_mid)]}
+            "y": y_ms / 1e3, "fit": not eager,
+            "steps": [step(base=1, decode_seqs=b, decode_context_tokens=b * ctx_mid)]}
 
 
 def build_rows(runs: list[dict]) -> list[dict]:
@@ -273,31 +273,22 @@ def compact_points(runs: list[dict]) -> dict:
     return out
 
 
-def fit_frontend(prof: dict, runs: list[dict], sim_http_s: float) -> tuple[float, float]:
-    """frontend_s.per_request: the value whose simulated bursts (replay.py, the engine on a virtual clock) best
-    match the measured TTFT p50 of the tpot bursts (b = 8..128 requests sent at once). Returns (value, mean
-    |log error|). The constant overhead_s.ttft is the fitted TTFT constant minus per_request (a lone request
-    pays both)."""
+def fit_frontend(prof: dict, runs: list[dict]) -> float:
+    """frontend_s.per_request from the warm-up burst of run 1: 256 non-streaming requests of 64 + 16 tokens sent at
+    once, which real vLLM completes in ~1-1.6 s, almost all of it its API server taking the requests one at a time.
+    per_request = (burst makespan - the engine's own time for that burst, simulated without a front end) / 256
+    - per_prompt_token * 64."""
     from backends.sim.profile import parse_profile
-    from scripts.calibrate.replay import Run  # noqa: PLC0415
+    from scripts.calibrate.replay import Run
 
-    pts = [(t["prompt"], t["batch"], t["ttft_ms_p50"] / 1e3) for d in runs for t in d.get("tpot", [])
-           if t["batch"] >= 8 and t.get("ttft_ms_p50")]
-    ovh_total = prof["overhead_s"]["ttft"]
-    best = (0.0, float("inf"))
-    for fe in np.arange(0.0, min(ovh_total, 0.008) + 1e-9, 0.00025):
-        q = json.loads(json.dumps(prof))
-        q["frontend_s"]["per_request"] = float(fe)
-        q["overhead_s"]["ttft"] = ovh_total - float(fe)
-        pr = parse_profile(q)
-        err = []
-        for p, b, y in pts:
-            run = Run(pr, [(0.0, p, 2)] * b).go()
-            err.append(abs(math.log((float(np.median(run.first_seen)) + sim_http_s) / y)))
-        e = float(np.mean(err))
-        if e < best[1]:
-            best = (float(fe), e)
-    return best
+    w = runs[0].get("warmup") or {}
+    mk = w.get("burst256_makespan_s")
+    if not mk:
+        return 0.0
+    q = json.loads(json.dumps(prof))
+    q.pop("frontend_s", None)
+    engine_s = max(Run(parse_profile(q), [(0.0, 64, 16)] * 256).go().done_seen)
+    return max(0.0, (mk - engine_s) / 256 - prof["frontend_s"]["per_prompt_token"] * 64)
 
 
 def main() -> None:
@@ -306,6 +297,8 @@ def main() -> None:
     ap.add_argument("--out-dir", default=str(PROFILES))
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--no-mix", action="store_true", help="leave the mixed prefill+decode steps out of the fit")
+    ap.add_argument("--alternate", type=int, default=0,
+                    help="stage 1 / stage 2 alternations (stage 1 refitted on TTFTs net of the eager cost)")
     ap.add_argument("--tie-attn", action="store_true",
                     help="tie prefill_attn_mtok2 to prefill_tokens by the model's attention/linear FLOP ratio")
     ap.add_argument("--sim-http-ms", type=float, default=3.0,
@@ -327,10 +320,17 @@ def main() -> None:
         # stage 1: the linear step model and the TTFT constant on the points that run inside CUDA graphs or are
         # dominated by prefill (TTFT, decode <= 128 sequences), the front end's per-token cost taken off first;
         # stage 2: the eager-step terms on the steps of more than 128 tokens (decode > 128, mixed steps), the
-        # linear part held fixed; stage 3 (below): frontend_s.per_request from the bursts.
+        # linear part held fixed; stage 3 (below): frontend_s.per_request from the 256-request burst.
         lin = fit([dict(r, fit=r["kind"] in ("ttft", "decode")) for r in rows], COLS, per_token=k,
                   tie_attn=attn_ratio(model) if a.tie_attn else 0.0)
         coef = fit_eager(rows, lin, k, with_mix=not a.no_mix)
+        for _ in range(a.alternate):  # refit stage 1 with the eager cost of the TTFT chunks taken off, then stage 2
+            extra, ptok = coef[7], coef[8]
+            adj = [dict(r, y=r["y"] - (extra * r["x"]["eager_extra"] + ptok * r["x"]["eager_tokens"]
+                                      if r["kind"] == "ttft" else 0.0),
+                        fit=r["kind"] in ("ttft", "decode")) for r in rows]
+            lin = fit(adj, COLS, per_token=k, tie_attn=attn_ratio(model) if a.tie_attn else 0.0)
+            coef = fit_eager(rows, lin, k, with_mix=not a.no_mix)
         print(f"\n== {model}")
         print("  " + "  ".join(f"{c}={v:.4g}" for c, v in zip(PARAMS, coef, strict=True)) + f"  fe_per_token={k:.4g}")
         print(f"  {'point':30s} {'measured ms':>11s} {'fit ms':>9s} {'err':>7s}   {'5-term':>8s} {'err':>7s}")
@@ -370,10 +370,10 @@ def main() -> None:
             "frontend_s": {"per_request": 0.0, "per_prompt_token": g(k)},
             "overhead_s": {"ttft": g(max(0.0, c["ovh_ttft"] - sim_http))},
         }
-        fe, fe_err = fit_frontend(prof, runs[:1], sim_http)
+        fe = fit_frontend(prof, runs)
         prof["frontend_s"]["per_request"] = g(fe)
         prof["overhead_s"]["ttft"] = g(max(0.0, c["ovh_ttft"] - sim_http - fe))
-        print(f"  frontend: per_request {fe * 1e3:.2f} ms (burst TTFT p50 mean |log err| {fe_err:.1%}), "
+        print(f"  frontend: per_request {fe * 1e3:.2f} ms (256-request burst), "
               f"per_prompt_token {k * 1e6:.2f} us; overhead_s.ttft {prof['overhead_s']['ttft'] * 1e3:.2f} ms")
         prof.update({
             "provenance": {"status": "measured", "date": d["meta"]["started"][:10], "vllm": "0.26.0",
@@ -386,7 +386,7 @@ def main() -> None:
                            "script": "scripts/calibrate/run_h200.sh + probe.py; fit: scripts/calibrate/fit_profile.py",
                            "fit": {"client_ttft_constant_fitted_s": g(c["ovh_ttft"]),
                                    "sim_http_overhead_subtracted_s": sim_http,
-                                   "frontend_per_request_burst_log_err": round(fe_err, 4),
+                                   "frontend_per_request_from": "warmup.burst256_makespan_s (run 1)",
                                    "mixed_steps_fitted": not a.no_mix, "attn_tied": a.tie_attn,
                                    "mean_abs_rel_err": round(float(np.mean(errs)), 4),
                                    "max_abs_rel_err": round(float(np.max(errs)), 4), "points": len(errs),

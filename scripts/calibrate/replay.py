@@ -20,8 +20,8 @@ KV tokens).
 from __future__ import annotations
 
 import argparse
-import json
 import heapq
+import json
 import random
 import statistics
 import sys
@@ -130,7 +130,7 @@ def replay_model(prof: Profile, real: dict, http_s: float) -> tuple[dict, dict]:
 def replay_kv(prof: Profile, real: dict, http_s: float) -> dict:
     run = Run(prof, [(0.0, real["prompt"], real["out"])] * real["requests"], kv_tokens=real["kv_tokens"]).go()
     e2e = sorted(d + http_s for d in run.done_seen)
-    q = lambda x: e2e[min(len(e2e) - 1, int(round(x * (len(e2e) - 1))))]  # noqa: E731
+    q = lambda x: e2e[min(len(e2e) - 1, round(x * (len(e2e) - 1)))]  # noqa: E731
     return {"kv": {"kv_tokens": real["kv_tokens"], "makespan_s": e2e[-1], "e2e_s_p50": statistics.median(e2e),
                    "e2e_s_p99": q(0.99), "preemptions": run.engine.stats.preemptions,
                    "max_running": run.max_running, "max_waiting": run.max_waiting}}
