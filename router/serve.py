@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -49,7 +51,7 @@ def running_sims(
     try:
         for b in backends:
             if b.sim is not None:
-                procs.append((b, subprocess.Popen(sim_command(b), stderr=subprocess.PIPE)))
+                procs.append((b, subprocess.Popen(sim_command(b), stderr=subprocess.PIPE, preexec_fn=_die_with_parent)))
         deadline = time.monotonic() + timeout_s
         for b, p in procs:
             _wait_healthy(b, p, deadline)
@@ -67,6 +69,19 @@ def running_sims(
                 p.wait()
             if p.stderr is not None:
                 p.stderr.close()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when the gateway dies, even by SIGKILL."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # uvicorn handles SIGTERM itself while serving, then re-raises it: exit normally so that the
+    # simulated workers are stopped by running_sims' cleanup instead of being orphaned.
+    raise SystemExit(0)
 
 
 def _wait_healthy(b: BackendConfig, p: subprocess.Popen[bytes], deadline: float) -> None:
@@ -110,6 +125,7 @@ def serve(
     if workers > 1 and cfg.gateway.state == "memory":
         log.warning("--workers %d with state: memory — each process keeps its own view of the fleet; "
                     "use a redis:// state to share it", workers)  # fmt: skip
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with running_sims(cfg.backends if start_sims else ()):
         log.info(
             "chimera gateway on http://%s:%d (policy %s, state %s)", host, port, cfg.gateway.policy, cfg.gateway.state

@@ -6,8 +6,8 @@ client is a bare asyncio HTTP/1.1 client (keep-alive pool of at most 128 connect
 bodies) so that it stays far cheaper than what it measures. Latency runs from a request's
 *scheduled* arrival to the end of its body (no coordinated omission: a saturated server shows
 as queueing). Pinning (Linux ``sched_setaffinity``, what ``taskset -c`` does): the gateway on
-core 0, the worker and the client on core 1. Finally the gateway is run once more under cProfile at the first rate, and its profile
-is written to ``DIR/gateway-profile.{prof,txt}``.
+core 0, the worker and the client on core 1. Finally the gateway is run once more under cProfile
+at the first rate, and its profile is written to ``DIR/gateway-profile.{prof,txt}``.
 """
 
 from __future__ import annotations

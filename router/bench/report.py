@@ -185,8 +185,29 @@ def markdown_table(entries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def by_length(out: Path, long_tokens: int = 2048) -> str:
+    """Short vs long requests (prompt < / >= ``long_tokens``) from a bench's gateway request logs:
+    TTFT and TPOT quantiles as the gateway saw them (warm-up included)."""
+    import json
+
+    rows = [json.loads(line) for f in sorted((out / "logs").glob("requests-*.jsonl")) for line in f.open()]
+    rows = [r for r in rows if r.get("status") == 200 and r.get("ttft_s") is not None]
+    parts = []
+    for name, is_long in (("short", False), ("long", True)):
+        group = [r for r in rows if (r["prompt_tokens"] >= long_tokens) == is_long]
+        ttft = [r["ttft_s"] * 1000 for r in group]
+        tpot = [(r["e2e_s"] - r["ttft_s"]) * 1000 / (r["completion_tokens"] - 1)
+                for r in group if (r.get("completion_tokens") or 0) > 1]  # fmt: skip
+        if not ttft or not tpot:
+            continue
+        t, p = np.percentile(ttft, [50, 90, 99]), np.percentile(tpot, [50, 90, 99])
+        parts.append(f"{name}: n={len(group)} TTFT p50/p90/p99 {t[0]:.0f}/{t[1]:.0f}/{t[2]:.0f} ms, "
+                     f"TPOT p50/p90/p99 {p[0]:.1f}/{p[1]:.1f}/{p[2]:.1f} ms")  # fmt: skip
+    return " | ".join(parts)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m router.bench.report DIR [--markdown] [--plots]``: reprint (and redraw) a finished bench."""
+    """``python -m router.bench.report DIR [--markdown] [--plots] [--by-length]``: reprint a finished bench."""
     import argparse
     import json
 
@@ -194,8 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("dir")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--plots", action="store_true")
+    p.add_argument("--by-length", action="store_true", help="short vs long requests from the request logs")
     args = p.parse_args(argv)
     out = Path(args.dir)
+    if args.by_length:
+        print(by_length(out))
+        return 0
     entries = json.loads((out / "results.json").read_text(encoding="utf-8"))
     speedup = float(entries[0].get("config", {}).get("speedup", 1.0)) if entries else 1.0
     print(markdown_table(entries)) if args.markdown else print_table(entries, speedup=speedup)

@@ -10,6 +10,7 @@ so an interrupted bench keeps what it measured. Then the table is printed and th
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -162,7 +163,8 @@ def run_one(
         "duration_s": spec.duration_s, "warmup_s": spec.warmup_s, "drain_s": drain, "speedup": speedup,
         "sla_scale": round(1.0 / speedup, 4), "clock": "wall-clock latencies and rates (see speedup)",
         "backends": [{"name": b.name, "model": b.model, "kv_budget_tokens": b.kv_budget_tokens,
-                      "tags": list(b.tags), **({"sim": b.sim.model_dump()} if b.sim else {})}
+                      "tags": list(b.tags), **({"sim": b.sim.model_dump(),
+                                                "profile_sha256": _profile_digest(b.sim.profile)} if b.sim else {})}
                      for b in fleet_cfg.backends],
         **spec.extra,
     }  # fmt: skip
@@ -198,6 +200,17 @@ async def _drive(
             p.cancel()
         await asyncio.gather(*pollers, return_exceptions=True)
         await clients.close()
+
+
+def _profile_digest(name: str) -> str | None:
+    """Which version of a sim profile a run used (profiles get recalibrated between runs)."""
+    from backends.sim.profile import PROFILE_DIR
+
+    path = Path(name) if name.endswith(".json") else PROFILE_DIR / f"{name}.json"
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    except OSError:
+        return None
 
 
 def _pct(x: float | None) -> str:

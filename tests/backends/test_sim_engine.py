@@ -196,7 +196,8 @@ def test_the_serial_front_end_adds_queueing_to_a_burst_live(make_engine: MakeEng
         engine = make_engine(frontend_s={"per_request": 0.004})
         task = asyncio.create_task(engine.run())
         loop = asyncio.get_running_loop()
-        reqs = [request(8, out=1, tag=k, arrival=loop.time()) for k in range(8)]
+        t0 = loop.time()  # one arrival time: requests sharing an engine step must tie, not invert
+        reqs = [request(8, out=1, tag=k, arrival=t0) for k in range(8)]
         for r in reqs:
             engine.submit(r)
 

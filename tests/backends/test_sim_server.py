@@ -235,7 +235,7 @@ def test_prefix_cache_lowers_ttft_of_a_repeated_prompt(sim_server: SimServer, si
 
 def test_kv_exhaustion_queues_and_preempts(sim_server: SimServer, sim_profile: Profile) -> None:
     # 40 blocks of KV: three 200-token prompts fill it, and their growth forces preemptions.
-    srv = sim_server(profile=sim_profile(kv_budget_tokens=16 * 40), speedup=5.0)
+    srv = sim_server(profile=sim_profile(kv_budget_tokens=16 * 40), speedup=2.0)
     seen_waiting, seen_full = 0.0, 0.0
     with sdk(srv) as client, ThreadPoolExecutor(12) as pool:
         futures = [pool.submit(stream_timing, client, words(200, f"q{k}-"), 100) for k in range(12)]

@@ -19,7 +19,7 @@ QUANTILES = {"p50", "p90", "p99", "mean"}
 def test_tiny_bench_writes_results_and_plots(tmp_path: Path) -> None:
     spec = BenchSpec(
         config_path=str(ROOT / "examples" / "quickstart.yaml"), workload="mixed",
-        policies=("round_robin", "least_outstanding"), rates=(6.0,), users=None, duration_s=1.5, warmup_s=0.3,
+        policies=("round_robin", "least_outstanding"), rates=(6.0,), users=None, duration_s=1.0, warmup_s=0.2,
         seeds=(1,), out=str(tmp_path), speedup=25.0, drain_s=15.0,
     )  # fmt: skip
     run_bench(spec)
@@ -41,7 +41,7 @@ def test_tiny_bench_writes_results_and_plots(tmp_path: Path) -> None:
 
 
 def test_overhead_workload_fields(tmp_path: Path) -> None:
-    entries = run_overhead(rates=(100.0,), duration_s=1.0, warmup_s=0.2, out=str(tmp_path), pin=False)
+    entries = run_overhead(rates=(100.0,), duration_s=0.7, warmup_s=0.1, out=str(tmp_path), pin=False)
     (e,) = entries
     assert CONTRACT <= set(e) and e["workload"] == "overhead"
     assert set(e["added_latency_ms"]) == {"p50", "p99"}
