@@ -6,6 +6,11 @@ so the caller still holds the whole answer back from its own client at that poin
 elsewhere on any failure. After that, :meth:`WorkerResponse.chunks` yields the rest with a
 between-chunk deadline.
 
+The client is ``httpx2`` (pydantic's maintained successor of httpx, same API; the openai SDK
+uses it too): httpx 0.28's connection pool rescans every pooled connection, quadratically, on each
+request, which measured 1.8x the gateway's CPU per request at 64 concurrent requests (3.2 ms vs
+1.75 ms; docs/BENCHMARKS.md). ``httpx`` below means ``httpx2``.
+
 Every httpx error is translated here into a :class:`router.errors.WorkerError` subclass
 (``raise ... from exc``); nothing above this module sees httpx exceptions.
 """
@@ -13,10 +18,10 @@ Every httpx error is translated here into a :class:`router.errors.WorkerError` s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from typing import NoReturn, cast
+from collections.abc import AsyncIterator, Mapping
+from typing import NoReturn
 
-import httpx
+import httpx2 as httpx
 
 from router.config import BackendConfig, Timeouts
 from router.errors import (
@@ -72,7 +77,7 @@ class WorkerResponse:
         self._response = response
         # aiter_bytes rather than aiter_raw: workers are asked for identity encoding, but should one
         # compress anyway, the client gets plain bytes (the gateway does not pass content-encoding).
-        self._iter = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+        self._iter = response.aiter_bytes()
         self._more = more
         self._between_s = between_chunks_s
 

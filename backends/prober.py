@@ -17,7 +17,7 @@ import logging
 import random
 from collections.abc import Sequence
 
-import httpx
+import httpx2 as httpx
 
 from backends.scrape import parse_vllm_metrics
 from router.config import BackendConfig, HealthConfig

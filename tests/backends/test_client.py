@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-import httpx
+import httpx2 as httpx
 import pytest
 
 from backends.client import WorkerClient, make_http_client

@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-import httpx
+import httpx2 as httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette

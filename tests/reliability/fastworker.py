@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
+import httpx2 as httpx
 
 
 def _error(message: str) -> httpx.Response:
