@@ -8,9 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from router.config import Config, load_config
 from router.errors import ChimeraError, ConfigError
+
+if TYPE_CHECKING:
+    from backends.sim.server import SimSettings
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -44,6 +48,10 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--max-num-seqs", type=int)
     m.add_argument("--max-num-batched-tokens", type=int)
+    m.add_argument(
+        "--also", action="append", default=[], metavar="port=P,profile=X[,model=M,kv_tokens=K,seed=S,host=H,...]",
+        help="another worker on the same GPU, served by this process on one shared GPU clock (repeatable)",
+    )  # fmt: skip
 
     from backends.workers_cli import add_arguments as add_workers_arguments  # imports no vLLM
 
@@ -122,10 +130,36 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
         )
-        serve(settings, host=args.host, port=args.port)
+        also = [_sim_also(spec, settings, args.host) for spec in args.also]
+        serve(settings, host=args.host, port=args.port, also=also)
     except ProfileError as exc:
         raise ConfigError(str(exc), key="--profile") from exc
     return EXIT_OK
+
+
+_ALSO_INTS = ("port", "kv_tokens", "seed", "max_num_seqs", "max_num_batched_tokens")
+_ALSO_KEYS = ("host", "model", "profile", *_ALSO_INTS)
+
+
+def _sim_also(spec: str, first: SimSettings, host: str) -> tuple[SimSettings, str, int]:
+    """``--also port=P,profile=X,...`` → (settings, host, port); the speedup is the first worker's."""
+    fields: dict[str, Any] = {}
+    for part in spec.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in _ALSO_KEYS or not value.strip():
+            raise ConfigError(f"bad --also item {part!r} (keys: {', '.join(_ALSO_KEYS)})", key="--also")
+        try:
+            fields[key] = int(value) if key in _ALSO_INTS else value.strip()
+        except ValueError as exc:
+            raise ConfigError(f"--also {key} must be an integer, got {value!r}", key="--also") from exc
+    if "port" not in fields:
+        raise ConfigError(f"--also {spec!r} needs a port", key="--also")
+    port, host = fields.pop("port"), fields.pop("host", host)
+    from backends.sim.server import SimSettings
+
+    settings = SimSettings(**{"profile": first.profile, "speedup": first.speedup, **fields})
+    return settings, host, port
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

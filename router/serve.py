@@ -24,8 +24,12 @@ log = logging.getLogger("chimera.serve")
 CONFIG_ENV = "CHIMERA_CONFIG"  # how `--workers N` hands the config path to each uvicorn worker
 
 
-def sim_command(backend: BackendConfig) -> list[str]:
-    """The `chimera sim` command line that serves ``backend`` as a simulated worker."""
+def sim_command(backend: BackendConfig, *colocated: BackendConfig) -> list[str]:
+    """The `chimera sim` command line that serves ``backend`` as a simulated worker.
+
+    ``colocated``: more ``sim:`` backends on the same GPU, served by the same process (``--also``)
+    on one shared GPU clock.
+    """
     spec = backend.sim
     assert spec is not None
     cmd = [
@@ -39,23 +43,57 @@ def sim_command(backend: BackendConfig) -> list[str]:
         cmd += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.max_num_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
+    for b in colocated:
+        s = b.sim
+        assert s is not None
+        if s.speedup != spec.speedup:
+            raise ChimeraError(f"simulated workers {backend.name} and {b.name} share gpu {backend.gpu} "
+                               f"but not their speedup ({spec.speedup:g} vs {s.speedup:g})")  # fmt: skip
+        also = f"port={b.port},host={b.host},model={b.model},profile={s.profile},seed={s.seed}"
+        also += f",kv_tokens={s.kv_tokens or b.kv_budget_tokens}"
+        if s.max_num_seqs:
+            also += f",max_num_seqs={s.max_num_seqs}"
+        if s.max_num_batched_tokens:
+            also += f",max_num_batched_tokens={s.max_num_batched_tokens}"
+        cmd += ["--also", also]
     return cmd
+
+
+def sim_groups(backends: Sequence[BackendConfig]) -> list[list[BackendConfig]]:
+    """The ``sim:`` backends by process: those with the same ``gpu`` share one (and one GPU clock);
+    a backend without ``gpu`` gets a process, and a GPU, of its own. In config order."""
+    groups: list[list[BackendConfig]] = []
+    by_gpu: dict[int, list[BackendConfig]] = {}
+    for b in backends:
+        if b.sim is None:
+            continue
+        if b.gpu is None:
+            groups.append([b])
+        elif b.gpu in by_gpu:
+            by_gpu[b.gpu].append(b)
+        else:
+            by_gpu[b.gpu] = [b]
+            groups.append(by_gpu[b.gpu])
+    return groups
 
 
 @contextlib.contextmanager
 def running_sims(
     backends: Sequence[BackendConfig], *, timeout_s: float = 30.0
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Start a `chimera sim` process per backend with ``sim:``; wait for /health; stop them on exit."""
-    procs: list[tuple[BackendConfig, subprocess.Popen[bytes]]] = []
+    """Start a `chimera sim` process per group of ``sim:`` backends (:func:`sim_groups`: one per GPU);
+    wait for each one's /health; stop them on exit."""
+    procs: list[tuple[list[BackendConfig], subprocess.Popen[bytes]]] = []
     try:
-        for b in backends:
-            if b.sim is not None:
-                procs.append((b, subprocess.Popen(sim_command(b), stderr=subprocess.PIPE, preexec_fn=_die_with_parent)))
+        for group in sim_groups(backends):
+            cmd = sim_command(*group)
+            procs.append((group, subprocess.Popen(cmd, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)))
         deadline = time.monotonic() + timeout_s
-        for b, p in procs:
-            _wait_healthy(b, p, deadline)
-            log.info("simulated worker %s (%s, %s) is up at %s", b.name, b.model, b.sim and b.sim.profile, b.url)
+        for group, p in procs:
+            for b in group:
+                _wait_healthy(b, p, deadline)
+                log.info("simulated worker %s (%s, %s) is up at %s%s", b.name, b.model, b.sim and b.sim.profile,
+                         b.url, f" sharing gpu {b.gpu}" if len(group) > 1 else "")  # fmt: skip
         yield [p for _, p in procs]
     finally:
         for _, p in procs:

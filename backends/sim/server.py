@@ -12,8 +12,9 @@ import gc
 import json
 import logging
 import math
+import socket
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from backends.sim import api
 from backends.sim.api import ApiError, ChunkWriter, Completion
 from backends.sim.engine import Engine, Request, Status
+from backends.sim.gpu import SharedGPU
 from backends.sim.metrics import exposition, make_registry
 from backends.sim.profile import Profile, ProfileError, load_profile, positive_int
 from backends.sim.textgen import VOCAB, draw_answer
@@ -74,10 +76,14 @@ def build_engine(settings: SimSettings) -> tuple[Profile, Engine]:
 
 
 class SimApp:
-    """Routes the handful of endpoints vLLM's OpenAI server has."""
+    """Routes the handful of endpoints vLLM's OpenAI server has.
 
-    def __init__(self, settings: SimSettings) -> None:
+    ``runs_engine=False``: the lifespan leaves the engine's loop to someone else (a :class:`SharedGPU`).
+    """
+
+    def __init__(self, settings: SimSettings, *, runs_engine: bool = True) -> None:
         self.settings = settings
+        self.runs_engine = runs_engine
         self.profile, self.engine = build_engine(settings)
         self.model = settings.model or self.profile.model
         # vLLM refuses to start when max_model_len does not fit the KV cache; the sim caps it instead.
@@ -96,8 +102,9 @@ class SimApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self._task = asyncio.create_task(self.engine.run(), name="sim-engine")
-                self._task.add_done_callback(_report_engine_death)
+                if self.runs_engine:
+                    self._task = asyncio.create_task(self.engine.run(), name="sim-engine")
+                    self._task.add_done_callback(_report_engine_death)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self._task is not None:
@@ -230,13 +237,66 @@ async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[byt
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+class SharedGPUApp:
+    """Several simulated workers on one GPU, in one process: each served on its own port (the app
+    is picked by the port a connection came in on), with its own engine and /metrics, all engines
+    stepping on one :class:`SharedGPU` clock."""
+
+    def __init__(self, workers: Sequence[tuple[SimSettings, int]]) -> None:
+        ports = [port for _, port in workers]
+        if len(set(ports)) != len(ports):
+            raise ProfileError(f"workers sharing a GPU need distinct ports, got {ports}")
+        self.apps = {port: SimApp(settings, runs_engine=False) for settings, port in workers}
+        self.gpu = SharedGPU([app.engine for app in self.apps.values()])
+        self._task: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        server = scope.get("server")
+        app = self.apps.get(server[1]) if server else None
+        if app is None:
+            if scope["type"] == "http":
+                await _respond(send, 404, ApiError(404, "Not Found").body(), JSON_HEADERS)
+            return
+        await app(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._task = asyncio.create_task(self.gpu.run(), name="sim-gpu")
+                self._task.add_done_callback(_report_engine_death)
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._task is not None:
+                    self._task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._task
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
 def create_app(settings: SimSettings) -> ASGIApp:
     """The worker's ASGI app; the engine starts and stops with the ASGI lifespan."""
     return SimApp(settings)
 
 
-def serve(settings: SimSettings, host: str, port: int) -> None:
-    """Run one simulated worker until interrupted (blocking)."""
+def create_shared_gpu_app(workers: Sequence[tuple[SimSettings, int]]) -> ASGIApp:
+    """Workers ``(settings, port)`` that share one GPU, as one ASGI app dispatching on the port."""
+    return SharedGPUApp(workers)
+
+
+def serve(settings: SimSettings, host: str, port: int, *, also: Sequence[tuple[SimSettings, str, int]] = ()) -> None:
+    """Run one simulated worker until interrupted (blocking).
+
+    ``also``: more workers ``(settings, host, port)`` on the same GPU as this one, served by this
+    process on one shared GPU clock (:mod:`backends.sim.gpu`).
+    """
+    if also:
+        _serve_shared([(settings, host, port), *also])
+        return
     app = create_app(settings)
     # The process is ours: keep the long-lived KV-cache tables (up to ~100k entries) out of the
     # cyclic GC's full collections, which otherwise stall the engine for tens of milliseconds.
@@ -251,3 +311,16 @@ def serve(settings: SimSettings, host: str, port: int) -> None:
         lifespan="on",
         timeout_keep_alive=30,
     )
+
+
+def _serve_shared(workers: Sequence[tuple[SimSettings, str, int]]) -> None:
+    app = create_shared_gpu_app([(settings, port) for settings, _, port in workers])
+    sockets = []
+    for _, host, port in workers:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sockets.append(sock)
+    gc.freeze()
+    config = uvicorn.Config(app, log_level="warning", access_log=False, ws="none", lifespan="on", timeout_keep_alive=30)
+    uvicorn.Server(config).run(sockets=sockets)

@@ -1,10 +1,13 @@
 """The predictive, Chimera-style policy: route by predicted latency, then by predicted quality.
 
 For every eligible worker the predictor (captured at construction, in a :class:`ModelSlot` that a
-background refit may swap) gives p90 TTFT / e2e and the probability of a good answer. Among the
-workers that meet the request's SLA (``ttft_slo_ms``, ``e2e_slo_ms``) and the agent's
-``min_quality``, it takes the most capable one whose p90 e2e is within ``latency_slack`` x the
-fastest's (Chimera's rule); if none meets them, the least predicted lateness. The rest of the
+background refit may swap) gives p90 TTFT / TPOT / e2e and the probability of a good answer. The
+rule is SLA-aware: among the workers predicted to meet the request's SLA (``ttft_slo_ms``,
+``tpot_slo_ms``, ``e2e_slo_ms``; predictions divided by each worker's ``time_scale``, since SLOs are
+in modelled time) and the agent's ``min_quality``, it prefers the highest predicted quality; the
+``latency_slack`` (Chimera's "most capable within slack x the fastest's p90 e2e") only breaks ties
+among candidates of similar quality (within :data:`QUALITY_BAND` of the best), and is the whole rule
+when no SLA is set. If nobody meets the SLA, the least predicted lateness wins. The rest of the
 ranking (retry fallbacks) follows the same order.
 
 Prefix affinity enters as the expected cached share of the prompt on each worker (lower predicted
@@ -40,35 +43,43 @@ def guarded_shares(features: RequestFeatures, views: tuple[BackendView, ...], op
     return np.where(load > limit, 0.0, shares)
 
 
-def rank(p: Prediction, features: RequestFeatures, slack: float) -> tuple[list[int], str]:
-    """Candidate indices, best first, and why the first was chosen."""
-    ttft90, e2e90 = p.ttft[:, 1] * 1e3, p.e2e[:, 1] * 1e3
-    meets = np.ones(len(ttft90), dtype=bool)
-    if features.ttft_slo_ms is not None:
-        meets &= ttft90 <= features.ttft_slo_ms
-    if features.e2e_slo_ms is not None:
-        meets &= e2e90 <= features.e2e_slo_ms
-    if features.min_quality is not None:
-        meets &= p.quality >= features.min_quality
+QUALITY_BAND = 0.2  # candidates within this of the best predicted quality count as "similar quality"
+
+
+def rank(p: Prediction, features: RequestFeatures, slack: float, scale: Array | None = None) -> tuple[list[int], str]:
+    """Candidate indices, best first, and why the first was chosen.
+
+    ``scale``: each worker's ``time_scale`` (wall seconds per modelled second); SLOs are in modelled
+    time, so predictions are divided by it before they are compared with them.
+    """
+    k = 1e3 if scale is None else 1e3 / scale
+    ttft90, tpot90, e2e90 = p.ttft[:, 1] * k, p.tpot[:, 1] * k, p.e2e[:, 1] * k
+    quality = p.quality
     late = np.zeros(len(ttft90))
-    if features.ttft_slo_ms is not None:
-        late += np.maximum(0.0, ttft90 - features.ttft_slo_ms) / features.ttft_slo_ms
-    if features.e2e_slo_ms is not None:
-        late += np.maximum(0.0, e2e90 - features.e2e_slo_ms) / features.e2e_slo_ms
+    for pred, slo in ((ttft90, features.ttft_slo_ms), (tpot90, features.tpot_slo_ms), (e2e90, features.e2e_slo_ms)):
+        if slo is not None:
+            late += np.maximum(0.0, pred - slo) / slo
     if features.min_quality is not None:
-        late += np.maximum(0.0, features.min_quality - p.quality)
+        late += np.maximum(0.0, features.min_quality - quality)
+    meets = late <= 0.0
     ok = np.flatnonzero(meets)
     if len(ok) == 0:
-        order = np.lexsort((e2e90, late))
-        return order.tolist(), "least_late"
-    fastest = e2e90[ok].min()
-    within = ok[e2e90[ok] <= slack * fastest]
-    best = int(within[np.lexsort((e2e90[within], -p.quality[within]))[0]])
-    # Fallbacks: other SLA-meeting workers by e2e, then the rest by lateness.
-    rest_ok = [int(i) for i in ok[np.argsort(e2e90[ok], kind="stable")] if i != best]
+        return np.lexsort((e2e90, late)).tolist(), "least_late"
+    has_sla = features.ttft_slo_ms is not None or features.tpot_slo_ms is not None or features.e2e_slo_ms is not None
+    # With an SLA: the best predicted quality among those meeting it; the slack picks among similar
+    # quality (within QUALITY_BAND of the best). Without one: Chimera's rule over every candidate.
+    pool = ok[quality[ok] >= quality[ok].max() - QUALITY_BAND] if has_sla else ok
+    fastest = e2e90[pool].min()
+    within = pool[e2e90[pool] <= slack * fastest]
+    best = int(within[np.lexsort((e2e90[within], -quality[within]))[0]])
+    # Fallbacks: other SLA-meeting workers by quality then e2e (or by e2e without an SLA), then the
+    # rest by lateness.
+    keys = (e2e90[ok], -quality[ok]) if has_sla else (e2e90[ok],)
+    rest_ok = [int(i) for i in ok[np.lexsort(keys)] if i != best]
     bad = np.flatnonzero(~meets)
     rest_bad = bad[np.lexsort((e2e90[bad], late[bad]))].tolist()
-    return [best, *rest_ok, *rest_bad], "slack" if best != int(ok[np.argmin(e2e90[ok])]) else "fastest"
+    why = "fastest" if best == int(ok[np.argmin(e2e90[ok])]) else ("quality" if has_sla else "slack")
+    return [best, *rest_ok, *rest_bad], why
 
 
 def make_predictive(
@@ -86,9 +97,10 @@ def make_predictive(
         views = snapshot.backends
         if not views:
             return Decision(ranked=())
-        p = slot.current.predict(features, views, profiles_by_model(profiles, views), guarded_shares(
-            features, views, options))  # fmt: skip
-        order, why = rank(p, features, slack)
+        worker_profiles = profiles_by_model(profiles, views)
+        p = slot.current.predict(features, views, worker_profiles, guarded_shares(features, views, options))
+        scale = np.fromiter((w.time_scale for w in worker_profiles), np.float64, len(views))
+        order, why = rank(p, features, slack, scale)
         i = order[0]
         predicted = {
             "ttft_ms": float(p.ttft[i, 0] * 1e3), "ttft_p90_ms": float(p.ttft[i, 1] * 1e3),
