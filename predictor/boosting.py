@@ -21,6 +21,7 @@ from sklearn.exceptions import NotFittedError
 from predictor.forest import PackedForest
 
 Array = npt.NDArray[np.float64]
+Slots = tuple[tuple[int, int], ...]  # (target, quantile index) pairs
 
 
 class MultiQuantileRegressor(BaseEstimator):  # type: ignore[misc]
@@ -71,15 +72,33 @@ class MultiQuantileRegressor(BaseEstimator):  # type: ignore[misc]
         self.forest_ = PackedForest(estimators) if estimators else None
         return self
 
-    def predict(self, X: Array) -> Array:
-        """Shape ``(len(X), targets, quantiles)``; NaN for a target that was not learned."""
+    def predict(self, X: Array, slots: Slots | None = None) -> Array:
+        """Shape ``(len(X), targets, quantiles)``; NaN for a target that was not learned.
+
+        ``slots``: only these ``(target, quantile index)`` pairs (the rest NaN) — a decision that does
+        not need a model keeps it out of the hot path (its packed forest is built once, then cached).
+        """
         require_fitted(self, "slots_")
         out = np.full((len(X), self.n_targets_, len(self.quantiles)), np.nan)
-        if self.forest_ is not None:
-            raw = np.exp(self.forest_.predict(X))
-            for j, (t, qi) in enumerate(self.slots_):
+        forest, kept = self._forest_for(slots)
+        if forest is not None:
+            raw = np.exp(forest.predict(X))
+            for j, (t, qi) in enumerate(kept):
                 out[:, t, qi] = raw[:, j]
         return out
+
+    def _forest_for(self, slots: Slots | None) -> tuple[PackedForest | None, list[tuple[int, int]]]:
+        if slots is None:
+            return self.forest_, self.slots_
+        cache: dict[Slots, tuple[PackedForest | None, list[tuple[int, int]]]]
+        cache = self.__dict__.setdefault("_subforests", {})
+        hit = cache.get(slots)
+        if hit is None:
+            idx = [j for j, s in enumerate(self.slots_) if s in slots]
+            kept = [self.slots_[j] for j in idx]
+            hit = (PackedForest([self.estimators_[j] for j in idx]) if idx else None, kept)
+            cache[slots] = hit
+        return hit
 
     def learned(self, target: int) -> bool:
         require_fitted(self, "slots_")

@@ -18,7 +18,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from predictor.boosting import Array
-from predictor.model import Estimator, Sample
+from predictor.model import Estimator, Predictor, Sample
 
 
 def pinball(actual: Array, predicted: Array, q: float) -> float:
@@ -49,7 +49,8 @@ def evaluate(estimator: Estimator, data: Sequence[Sample]) -> dict[str, Any]:
     pred = np.full((n, 4, 2), np.nan)  # ttft, tpot, e2e, output x p50, p90
     quality = np.full(n, np.nan)
     for i, s in enumerate(data):
-        p = estimator.predict(s.features, (s.view,), (s.profile,))
+        p = (estimator.predict(s.features, (s.view,), (s.profile,), full=True) if isinstance(estimator, Predictor)
+             else estimator.predict(s.features, (s.view,), (s.profile,)))  # fmt: skip
         pred[i] = np.stack([p.ttft[0], p.tpot[0], p.e2e[0], p.output[0]])
         quality[i] = p.quality[0]
     actual = np.asarray([[_f(s.ttft_s), _f(s.tpot_s), _f(s.e2e_s), _f(s.output_tokens)] for s in data]).reshape(n, 4)

@@ -10,8 +10,8 @@ Missing values are ``-1`` (trees split them off; the packed evaluator needs fini
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from predictor.prior import WorkerProfile
 from router.types import BackendView, RequestFeatures
 
 TARGETS = ("ttft", "tpot", "e2e")
-N_COLUMNS = 25
+N_COLUMNS = 24
 
 
 class LatencyModel(MultiQuantileRegressor):
@@ -39,21 +39,34 @@ def latency_matrix(
     output: Array,
     prior: Array,
 ) -> Array:
-    """``cached``: (n,) shares; ``output``: (n, 2) predicted p50/p90 tokens; ``prior``: (n, 2) TTFT/TPOT s."""
+    """``cached``: (n,) shares; ``output``: (n, 2) predicted p50/p90 tokens; ``prior``: (n, 2) TTFT/TPOT s.
+
+    Built column-wise (one small array per source, no per-worker Python rows): this is on the
+    decision path."""
+    n = len(views)
     prompt = float(f.prompt_tokens)
-    head = [prompt, _opt(f.max_tokens), float(f.message_count), 1.0 if f.stream else 0.0]
-    rows = []
-    for i, v in enumerate(views):
-        p = profiles[i]
-        c = float(cached[i])
-        out50, out90 = float(output[i, 0]), float(output[i, 1])
-        ttft, tpot = float(prior[i, 0]), float(prior[i, 1])
-        rows.append([
-            *head, c, prompt * (1.0 - c),
-            _opt(v.running), _opt(v.waiting), _opt(v.kv_usage), float(v.inflight_requests),
-            float(v.inflight_tokens), _opt(v.ttft_ewma_s), _opt(v.tpot_ewma_s),
-            min(_opt(v.metrics_age_s), 60.0),
-            p.base * 1e3, p.prefill * 1e6, p.decode_seqs * 1e6, p.decode_ctx * 1e9, p.quality,
-            math.log(ttft), math.log(tpot), math.log(ttft + max(out50 - 1.0, 0.0) * tpot), out50, out90,
-        ])  # fmt: skip
-    return np.asarray(rows, dtype=np.float64)
+    cached = np.asarray(cached, dtype=np.float64)
+    live = np.asarray(
+        [(_opt(v.running), _opt(v.waiting), _opt(v.kv_usage), float(v.inflight_requests), float(v.inflight_tokens),
+          _opt(v.ttft_ewma_s), _opt(v.tpot_ewma_s), min(_opt(v.metrics_age_s), 60.0)) for v in views],
+        dtype=np.float64,
+    ).reshape(n, 8)  # fmt: skip
+    ttft, tpot = prior[:, 0], prior[:, 1]
+    out50 = output[:, 0]
+    X = np.empty((n, N_COLUMNS), dtype=np.float64)
+    X[:, 0:4] = (prompt, _opt(f.max_tokens), float(f.message_count), 1.0 if f.stream else 0.0)
+    X[:, 4] = cached
+    X[:, 5] = prompt * (1.0 - cached)
+    X[:, 6:14] = live
+    X[:, 14:19] = _profile_columns(tuple(profiles))
+    X[:, 19] = np.log(ttft)
+    X[:, 20] = np.log(tpot)
+    X[:, 21] = np.log(ttft + np.maximum(out50 - 1.0, 0.0) * tpot)
+    X[:, 22:24] = output[:, :2]
+    return X
+
+
+@lru_cache(maxsize=256)
+def _profile_columns(profiles: tuple[WorkerProfile, ...]) -> Array:
+    return np.asarray([[p.base * 1e3, p.prefill * 1e6, p.decode_seqs * 1e6, p.decode_ctx * 1e9, p.quality]
+                       for p in profiles], dtype=np.float64).reshape(len(profiles), 5)  # fmt: skip

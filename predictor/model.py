@@ -26,7 +26,14 @@ from sklearn.base import BaseEstimator, clone
 from predictor.boosting import Array, require_fitted
 from predictor.latency import LatencyModel, latency_matrix
 from predictor.length import OutputLengthModel, length_matrix, length_row
-from predictor.prior import TPOT_P90_FACTOR, TTFT_P90_FACTOR, WorkerProfile, prior_latency, prior_output
+from predictor.prior import (
+    TPOT_P90_FACTOR,
+    TTFT_P90_FACTOR,
+    WorkerProfile,
+    prior_latency,
+    prior_latency_many,
+    prior_output,
+)
 from predictor.quality import QualityModel
 from predictor.sketch import SKETCH_DIM
 from router.types import BackendView, RequestFeatures
@@ -120,7 +127,15 @@ class PriorPredictor:
         out50, out90 = prior_output(features.max_tokens)
         output = np.tile([out50, out90], (len(views), 1))
         quality = np.asarray([p.quality for p in profiles])
-        return _assemble(_priors(features, views, profiles, cached), output, output[:, 0].copy(), quality, None)
+        prior = prior_latency_many(profiles, views, features.prompt_tokens, cached)
+        return _assemble(prior, output, output[:, 0].copy(), quality, None)
+
+
+# What a decision needs from the learned models (the rest stays out of the hot path): the answer's
+# length p50/p90 and the workflow's remaining output p50; TTFT and e2e p50/p90. TPOT comes from the
+# prior (it is only reported and checked against a TPOT SLO; the prior's TPOT is within ~1 % MAPE).
+LENGTH_SLOTS = ((0, 0), (0, 1), (1, 0))
+LATENCY_SLOTS = ((0, 0), (0, 1), (2, 0), (2, 1))
 
 
 def _code(vocab: tuple[str, ...], name: str) -> float:
@@ -164,13 +179,28 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         Y_lat = np.asarray([[_nan(s.ttft_s), _nan(s.tpot_s), _nan(s.e2e_s)] for s in samples])
         self.latency_ = clone(self.latency if self.latency is not None else LatencyModel()).fit(np.asarray(rows), Y_lat)
         rated = [s for s in samples if s.score is not None and len(s.features.sketch) == SKETCH_DIM]
+        width = SKETCH_DIM + 2 + len(self.agents_)
         self.quality_ = clone(self.quality if self.quality is not None else QualityModel()).fit(
-            np.asarray([s.features.sketch for s in rated]).reshape(len(rated), SKETCH_DIM),
+            np.asarray([self._quality_row(s.features) for s in rated]).reshape(len(rated), width),
             np.asarray([s.score for s in rated]),
             models=[s.view.model for s in rated],
         )
         self.n_samples_ = len(samples)
         return self
+
+    def _quality_row(self, f: RequestFeatures) -> Array:
+        """The quality model's input: the prompt's sketch (its topic words), its size (longer tasks are
+        harder) and workflow stage, and the agent one-hot (per-role quality: a checker's step is easier
+        than the coder's it checks)."""
+        agents = getattr(self, "agents_", ())
+        row = np.zeros(SKETCH_DIM + 2 + len(agents))
+        if len(f.sketch) == SKETCH_DIM:
+            row[:SKETCH_DIM] = f.sketch
+        row[SKETCH_DIM] = math.log1p(f.prompt_tokens) / 8.0
+        row[SKETCH_DIM + 1] = -0.25 if f.workflow_stage is None else min(f.workflow_stage, 8) / 4.0
+        if f.agent in agents:
+            row[SKETCH_DIM + 2 + agents.index(f.agent)] = 1.0
+        return row
 
     def _output(self, pred: Array, caps: Sequence[int | None]) -> Array:
         """This request's output p50/p90 from the length model's ``(n, targets, quantiles)``."""
@@ -187,7 +217,11 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         views: Sequence[BackendView],
         profiles: Sequence[WorkerProfile],
         cached: Array | None = None,
+        *,
+        full: bool = False,
     ) -> Prediction:
+        """``full``: every learned model (TPOT included), as ``chimera predictor eval`` scores them; by
+        default only what a decision needs (:data:`LENGTH_SLOTS`, :data:`LATENCY_SLOTS`)."""
         require_fitted(self, "latency_")
         cached = cached_shares(features, views) if cached is None else cached
         models = [v.model for v in views]
@@ -195,13 +229,14 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         distinct = list(dict.fromkeys(models))
         codes = np.asarray([_code(self.models_, m) for m in distinct])
         X_len = length_matrix(features, _code(self.agents_, features.agent), codes)
-        pred = self.length_.predict(X_len)[[distinct.index(m) for m in models]]
+        pred = self.length_.predict(X_len, None if full else LENGTH_SLOTS)[[distinct.index(m) for m in models]]
         output = self._output(pred, [features.max_tokens] * len(views))
         remaining = np.where(np.isnan(pred[:, 1, 0]), output[:, 0], pred[:, 1, 0])
-        prior = _priors(features, views, profiles, cached)
-        learned = self.latency_.predict(latency_matrix(features, views, profiles, cached, output, prior))
+        prior = prior_latency_many(profiles, views, features.prompt_tokens, cached)
+        X_lat = latency_matrix(features, views, profiles, cached, output, prior)
+        learned = self.latency_.predict(X_lat, None if full else LATENCY_SLOTS)
         priors_q = np.asarray([p.quality for p in profiles])
-        quality = self.quality_.predict_proba(np.asarray(features.sketch), models, priors_q)
+        quality = self.quality_.predict_proba(self._quality_row(features), models, priors_q)
         return _assemble(prior, output, remaining, quality, learned)
 
 

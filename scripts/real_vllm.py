@@ -2,9 +2,11 @@
 
 python scripts/real_vllm.py backends examples/h200-real.yaml
     one line per launch: backend — name, port, model, profile, seed (the sim seed of the twin)
-python scripts/real_vllm.py configs examples/h200-real.yaml --real-out R.yaml [--sim-out S.yaml --speedup X]
+python scripts/real_vllm.py configs examples/h200-real.yaml --real-out R.yaml [--sim-out S.yaml --speedup X --own-gpus]
     R: the same fleet and agents, each backend's url moved to its sim-fields proxy (port + 1000)
-    S: the same fleet as simulated workers (profile, the real KV budget, the same seeds)
+    S: the same fleet as simulated workers (profile, the real KV budget, the same seeds); the
+       backends keep their `gpu:`, so those on one GPU share one simulated GPU clock (one
+       `chimera sim` process); --own-gpus drops `gpu:` and gives each its own (the first run)
 python scripts/real_vllm.py merge OUT.json DIR...       the results.json entries of several benches
 python scripts/real_vllm.py table --real R.json --sim S.json [--markdown]
     TTFT, TPOT, e2e p50/p99 per policy, sim (scaled to modelled H200 time) against real
@@ -52,6 +54,8 @@ def cmd_configs(args: argparse.Namespace) -> None:
         for i, b in enumerate(sim["backends"], 1):
             b.pop("launch", None)
             b["sim"] = {"profile": b["profile"], "speedup": args.speedup, "seed": i, "kv_tokens": b["kv_budget_tokens"]}
+            if args.own_gpus:
+                b.pop("gpu", None)
         Path(args.sim_out).write_text(yaml.safe_dump(sim, sort_keys=False))
 
 
@@ -146,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--real-out", required=True)
     c.add_argument("--sim-out")
     c.add_argument("--speedup", type=float, default=1.0)
+    c.add_argument("--own-gpus", action="store_true", help="sim: one GPU per worker (drop gpu:)")
     m = sub.add_parser("merge")
     m.add_argument("out")
     m.add_argument("dirs", nargs="+")

@@ -157,6 +157,7 @@ class Batch:
     requests: list[Request] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)
     duration: float = 0.0
+    gpu: float = 0.0  # of which the GPU is busy (the rest: eager launches on the CPU); for SharedGPU
 
 
 class Engine:
@@ -307,6 +308,7 @@ class Engine:
                 + c.prefill_attn_mtok2 * attn / 1e6
             )
             tokens = self.max_num_batched_tokens - budget
+            batch.gpu = seconds / self.speedup
             if self._graph_max and tokens > self._graph_max:
                 floor = self._eager_floor
                 seconds = (seconds if seconds > floor else floor) + self._eager_extra + self._eager_per_token * tokens

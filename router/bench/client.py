@@ -2,7 +2,11 @@
 
 Each role's requests go out as the config's agent of that name: with its first API key as the
 Bearer token, else with the ``X-Agent`` header (and ``x-workflow-id`` always). TTFT is measured
-here, at the first content token the client receives; e2e when the stream ends.
+here, at the first content token the client receives; e2e when the stream ends. When the config has
+a ``gateway.predictor`` (the gateway learns online), every answer's verdict (it ends with
+``[correct]``) is posted back as ``POST /v1/feedback {"request_id", "correct"}`` (the request id from
+the answer's ``X-Request-Id``), so the quality model learns which model answers which role well; without
+one nothing extra is sent (the comparison's load stays the workload's).
 
 Two ways to offer load: :func:`open_loop` (Poisson arrivals of workflows at a rate) and
 :func:`closed_loop` (N users, each starting a new workflow as soon as its last one ends).
@@ -20,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from router.bench.workloads import Step, Workflow, make_workflow
+from router.bench.workloads import CORRECT, Step, Workflow, make_workflow
 from router.config import Config
 from router.errors import ChimeraError
 
@@ -36,6 +40,7 @@ class RequestRecord:
     output_tokens: int = 0
     model: str = ""
     error: str | None = None
+    request_id: str | None = None  # the gateway's X-Request-Id
 
 
 @dataclass
@@ -67,17 +72,33 @@ class AgentClients:
         self._openai = openai
         self._root = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=timeout_s)
         self._clients: dict[str, Any] = {}
+        self._auth: dict[str, dict[str, str]] = {}
         for agent in config.agents:
             if agent.api_keys:
                 self._clients[agent.name] = self._root.with_options(api_key=agent.api_keys[0])
+                self._auth[agent.name] = {"Authorization": f"Bearer {agent.api_keys[0]}"}
             else:
                 self._clients[agent.name] = self._root.with_options(default_headers={"X-Agent": agent.name})
+                self._auth[agent.name] = {"X-Agent": agent.name}
+        self.feedback = config.gateway.predictor is not None
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=10.0) if self.feedback else None
 
     def has(self, agent: str) -> bool:
         return agent in self._clients
 
     async def close(self) -> None:
         await self._root.close()
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def post_feedback(self, rec: RequestRecord, correct: bool) -> None:
+        """The answer's verdict to ``/v1/feedback`` (only with a gateway predictor; errors ignored)."""
+        if self._http is None or rec.request_id is None:
+            return
+        with contextlib.suppress(httpx.HTTPError):
+            await self._http.post(
+                "/v1/feedback", json={"request_id": rec.request_id, "correct": correct}, headers=self._auth[rec.agent]
+            )
 
     async def send(self, step: Step, workflow_id: str, t0: float) -> tuple[RequestRecord, str]:
         """Stream one step; return its record and the answer's text."""
@@ -86,11 +107,13 @@ class AgentClients:
         parts: list[str] = []
         start = time.monotonic()
         try:
-            stream = await client.chat.completions.create(
+            raw = await client.chat.completions.with_raw_response.create(
                 model="auto", messages=step.messages, max_tokens=step.max_tokens, stream=True,
                 stream_options={"include_usage": True}, extra_body={"sim": step.sim},
                 extra_headers={"x-workflow-id": workflow_id},
             )  # fmt: skip
+            rec.request_id = raw.headers.get("x-request-id")
+            stream = raw.parse()
             async for chunk in stream:
                 if chunk.usage is not None:
                     rec.output_tokens = chunk.usage.completion_tokens
@@ -126,6 +149,7 @@ async def run_workflow(clients: AgentClients, wf: Workflow, log: RunLog, t0: flo
             rec.error = True
             break
         wf.record(step, text)
+        await clients.post_feedback(req, text.rstrip().endswith(CORRECT))
     rec.end = time.monotonic() - t0
     rec.success = not rec.error and wf.succeeded  # its last answer ended with [correct]
 

@@ -68,3 +68,20 @@ def test_bad_arguments_exit_2_with_one_line() -> None:
         proc = _bench(*args)
         assert proc.returncode == 2, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_with_a_gateway_predictor_the_bench_posts_each_verdict_as_feedback(tmp_path: Path) -> None:
+    text = (ROOT / "examples" / "quickstart.yaml").read_text()
+    cfg = tmp_path / "with-predictor.yaml"
+    predictor = "  default_agent: chat\n  predictor: {refit_interval_s: 0}\n"
+    cfg.write_text(text.replace("  default_agent: chat\n", predictor))
+    spec = BenchSpec(
+        config_path=str(cfg), workload="mixed", policies=("predictive",), rates=(4.0,), users=None, duration_s=1.0,
+        warmup_s=0.2, seeds=(1,), out=str(tmp_path / "out"), speedup=25.0, drain_s=15.0,
+    )  # fmt: skip
+    run_bench(spec)
+    lines = [json.loads(x) for log in (tmp_path / "out" / "logs").glob("requests-*.jsonl") for x in log.open()]
+    requests = {r["request_id"] for r in lines if r.get("type") != "feedback" and "request_id" in r}
+    feedback = [r for r in lines if r.get("type") == "feedback"]
+    assert feedback and {r["request_id"] for r in feedback} <= requests
+    assert {r["score"] for r in feedback} <= {0.0, 1.0}

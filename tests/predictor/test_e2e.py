@@ -58,6 +58,7 @@ def test_predictive_gateway_routes_logs_predictions_and_takes_feedback(
     assert [r["workflow_stage"] for r in reqs] == [0, 1, 2]
     assert reqs[0]["fleet"]["prefix_share"] == 0.0 and reqs[2]["fleet"]["prefix_share"] > 0.5  # affinity
     assert {"type": "feedback", "request_id": ids[0], "score": 1.0}.items() <= next(
-        r for r in lines if r.get("type") == "feedback").items()
+        r for r in lines if r.get("type") == "feedback"
+    ).items()
     metrics = httpx.get(gw.url + "/metrics").text
     assert 'chimera_prediction_error_ratio_count{target="e2e"} 3.0' in metrics

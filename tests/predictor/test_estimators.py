@@ -66,9 +66,23 @@ def test_fit_returns_self_and_learns_state(fitted: Predictor) -> None:
 
 def test_quality_learns_from_feedback(fitted: Predictor) -> None:
     s = samples(records(1))[0]
-    q = fitted.quality_.predict_proba(np.asarray(s.features.sketch), ["qwen2.5-7b", "qwen2.5-0.5b", "unseen"],
+    q = fitted.quality_.predict_proba(fitted._quality_row(s.features), ["qwen2.5-7b", "qwen2.5-0.5b", "unseen"],
                                       np.asarray([0.5, 0.5, 0.42]))  # fmt: skip
     assert q[0] > 0.7 and q[1] < 0.3 and q[2] == 0.42
+
+
+def test_decision_subset_of_models_equals_the_full_prediction(fitted: Predictor) -> None:
+    s = samples(records(5, seed=4))[0]
+    X = np.random.default_rng(1).random((8, fitted.latency_.n_features_in_))
+    full = fitted.latency_.predict(X)
+    sub = fitted.latency_.predict(X, ((0, 0), (2, 1)))
+    np.testing.assert_array_equal(sub[:, 0, 0], full[:, 0, 0])
+    np.testing.assert_array_equal(sub[:, 2, 1], full[:, 2, 1])
+    assert np.isnan(sub[:, 1, :]).all() and np.isnan(sub[:, 0, 1]).all()
+    np.testing.assert_array_equal(fitted.latency_.predict(X, ((0, 0), (2, 1))), sub)  # the cached sub-forest
+    # The decision keeps TPOT out of the hot path: it comes from the prior, the rest is unchanged.
+    pred = fitted.predict(s.features, (s.view,) * 3, (s.profile,) * 3)
+    assert np.isfinite(pred.tpot).all() and np.isfinite(pred.e2e).all() and (pred.e2e[:, 1] >= pred.e2e[:, 0]).all()
 
 
 def test_packed_forest_equals_sklearn() -> None:
