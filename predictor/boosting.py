@@ -28,9 +28,9 @@ class MultiQuantileRegressor(BaseEstimator):  # type: ignore[misc]
     def __init__(
         self,
         quantiles: Sequence[float] = (0.5, 0.9),
-        max_iter: int = 40,
-        max_depth: int = 5,
-        learning_rate: float = 0.15,
+        max_iter: int = 20,
+        max_depth: int = 4,
+        learning_rate: float = 0.3,
         min_samples_leaf: int = 20,
         min_samples: int = 50,
         random_state: int = 0,

@@ -31,7 +31,6 @@ from predictor.prior import (
     TTFT_P90_FACTOR,
     WorkerProfile,
     prior_latency,
-    prior_latency_many,
     prior_output,
 )
 from predictor.quality import QualityModel
@@ -100,17 +99,22 @@ def _priors(f: RequestFeatures, views: Sequence[BackendView], profiles: Sequence
 
 def _assemble(prior: Array, output: Array, remaining: Array, quality: Array, learned: Array | None) -> Prediction:
     """Fill what the learned models did not give (NaN) from the prior; keep p90 >= p50."""
-    ttft = np.stack([prior[:, 0], prior[:, 0] * TTFT_P90_FACTOR], axis=1)
-    tpot = np.stack([prior[:, 1], prior[:, 1] * TPOT_P90_FACTOR], axis=1)
+    ttft = prior[:, 0:1] * _TTFT_FACTORS
+    tpot = prior[:, 1:2] * _TPOT_FACTORS
     steps = np.maximum(output - 1.0, 0.0)
-    e2e = ttft + steps * tpot
-    if learned is not None:
+    if learned is None:
+        e2e = ttft + steps * tpot
+    else:
         ttft = np.where(np.isnan(learned[:, 0]), ttft, learned[:, 0])
         tpot = np.where(np.isnan(learned[:, 1]), tpot, learned[:, 1])
         e2e = np.where(np.isnan(learned[:, 2]), ttft + steps * tpot, learned[:, 2])
     for a in (ttft, tpot, e2e, output):
         a[:, 1] = np.maximum(a[:, 1], a[:, 0])
     return Prediction(ttft, tpot, e2e, output, remaining, quality)
+
+
+_TTFT_FACTORS = np.asarray([1.0, TTFT_P90_FACTOR])
+_TPOT_FACTORS = np.asarray([1.0, TPOT_P90_FACTOR])
 
 
 class PriorPredictor:
@@ -127,8 +131,7 @@ class PriorPredictor:
         out50, out90 = prior_output(features.max_tokens)
         output = np.tile([out50, out90], (len(views), 1))
         quality = np.asarray([p.quality for p in profiles])
-        prior = prior_latency_many(profiles, views, features.prompt_tokens, cached)
-        return _assemble(prior, output, output[:, 0].copy(), quality, None)
+        return _assemble(_priors(features, views, profiles, cached), output, output[:, 0].copy(), quality, None)
 
 
 # What a decision needs from the learned models (the rest stays out of the hot path): the answer's
@@ -232,7 +235,7 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         pred = self.length_.predict(X_len, None if full else LENGTH_SLOTS)[[distinct.index(m) for m in models]]
         output = self._output(pred, [features.max_tokens] * len(views))
         remaining = np.where(np.isnan(pred[:, 1, 0]), output[:, 0], pred[:, 1, 0])
-        prior = prior_latency_many(profiles, views, features.prompt_tokens, cached)
+        prior = _priors(features, views, profiles, cached)
         X_lat = latency_matrix(features, views, profiles, cached, output, prior)
         learned = self.latency_.predict(X_lat, None if full else LATENCY_SLOTS)
         priors_q = np.asarray([p.quality for p in profiles])

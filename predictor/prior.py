@@ -11,12 +11,9 @@ factors. The learned models take these estimates as features and correct them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-
-import numpy as np
-import numpy.typing as npt
 
 from backends.sim.profile import Profile, ProfileError, available_profiles, load_profile
 from router.config import Config
@@ -103,38 +100,3 @@ def prior_output(max_tokens: int | None) -> tuple[float, float]:
 def profiles_by_model(profiles: Mapping[str, WorkerProfile], views: tuple[BackendView, ...]) -> list[WorkerProfile]:
     """The profile of each view: its backend's, else a guess from its model name."""
     return [profiles.get(v.name) or profile_for(None, v.model) for v in views]
-
-
-_PROFILE_COLUMNS = ("base", "prefill", "decode_seqs", "decode_ctx", "attn", "ttft_overhead", "max_num_seqs",
-                    "max_num_batched_tokens")  # fmt: skip
-
-
-@lru_cache(maxsize=256)
-def profile_matrix(profiles: tuple[WorkerProfile, ...]) -> npt.NDArray[np.float64]:
-    """The step-time columns of ``profiles``, shape ``(8, n)`` (cached: a fleet's profiles rarely change)."""
-    return np.asarray([[float(getattr(p, c)) for p in profiles] for c in _PROFILE_COLUMNS])
-
-
-def prior_latency_many(
-    profiles: Sequence[WorkerProfile], views: Sequence[BackendView], prompt_tokens: int, cached: npt.NDArray[np.float64]
-) -> npt.NDArray[np.float64]:
-    """:func:`prior_latency` of one request on every worker at once: shape ``(n, 2)`` (TTFT, TPOT)."""
-    base, prefill, d_seqs, d_ctx, attn_k, overhead, max_seqs, max_batched = profile_matrix(tuple(profiles))
-    rows = [((v.running or 0) + (v.waiting or 0), v.inflight_requests, v.inflight_tokens, v.kv_usage or 0.0)
-            for v in views]  # fmt: skip
-    state = np.asarray(rows, dtype=np.float64).reshape(len(views), 4)
-    scraped, inflight, tokens, kv = state.T
-    n = np.maximum(scraped, inflight)
-    n_run = np.minimum(n, max_seqs)
-    n_wait = n - n_run
-    per_req = np.divide(tokens, inflight, out=np.full(len(views), float(prompt_tokens)), where=inflight > 0)
-    ctx = 0.5 * per_req
-    decode_step = base + d_seqs * n_run + d_ctx * n_run * ctx
-    own = prompt_tokens * (1.0 - cached)
-    ahead = n_wait * 0.5 * per_req
-    steps = np.maximum(np.ceil((own + ahead) / np.maximum(1.0, max_batched - n_run)), 1.0)
-    attn = attn_k * own * (prompt_tokens - own + own / 2) / 1e6
-    ttft = overhead + steps * decode_step + prefill * (own + ahead) + attn
-    ttft = np.where(kv > KV_PRESSURE_FROM, ttft * (1.0 + 10.0 * (kv - KV_PRESSURE_FROM)), ttft)
-    tpot = base + d_seqs * (n_run + 1) + d_ctx * (n_run + 1) * ctx
-    return np.stack([ttft, tpot], axis=1)

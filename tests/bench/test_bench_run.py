@@ -80,7 +80,8 @@ def test_with_a_gateway_predictor_the_bench_posts_each_verdict_as_feedback(tmp_p
         warmup_s=0.2, seeds=(1,), out=str(tmp_path / "out"), speedup=25.0, drain_s=15.0,
     )  # fmt: skip
     run_bench(spec)
-    lines = [json.loads(x) for log in (tmp_path / "out" / "logs").glob("requests-*.jsonl") for x in log.open()]
+    logs = (tmp_path / "out" / "logs").glob("requests-*.jsonl")
+    lines = [json.loads(x) for log in logs for x in log.read_text().splitlines()]
     requests = {r["request_id"] for r in lines if r.get("type") != "feedback" and "request_id" in r}
     feedback = [r for r in lines if r.get("type") == "feedback"]
     assert feedback and {r["request_id"] for r in feedback} <= requests

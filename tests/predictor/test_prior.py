@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from predictor.model import PriorPredictor
-from predictor.prior import prior_latency, prior_latency_many, prior_output, profile_for
+from predictor.prior import prior_latency, prior_output, profile_for
 from router.types import BackendView, RequestFeatures
 
 F = RequestFeatures(agent="a", endpoint="chat", models=("m",), prompt_tokens=1000, max_tokens=300, stream=True)
@@ -71,13 +69,3 @@ agents:
     wps = worker_profiles(cfg)
     assert wps["real"].name == "h200-qwen2.5-0.5b" and wps["real"].time_scale == 1.0
     assert wps["sim"].name == "h200-qwen2.5-14b" and wps["sim"].time_scale == 2.0
-
-
-def test_batched_prior_equals_the_scalar_one() -> None:
-    models = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b")
-    views = tuple(BackendView(name=f"w{i}", model=models[i % 4], running=300 * i, waiting=i // 2, kv_usage=0.13 * i,
-                              inflight_requests=300 * i, inflight_tokens=2500 * i) for i in range(8))  # fmt: skip
-    profiles = [profile_for(None, v.model, 2.0) for v in views]
-    cached = np.linspace(0.0, 0.9, 8)
-    scalar = [prior_latency(p, v, 700, float(c)) for p, v, c in zip(profiles, views, cached, strict=True)]
-    np.testing.assert_allclose(prior_latency_many(profiles, views, 700, cached), scalar, rtol=1e-12)
