@@ -14,7 +14,7 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +89,6 @@ class SimApp:
         # vLLM refuses to start when max_model_len does not fit the KV cache; the sim caps it instead.
         self.max_model_len = min(self.profile.max_model_len, self.engine.capacity_tokens)
         self.registry = make_registry(self.engine, self.model)
-        self._task: asyncio.Task[None] | None = None
         self._created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -99,20 +98,7 @@ class SimApp:
             await self._lifespan(receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                if self.runs_engine:
-                    self._task = asyncio.create_task(self.engine.run(), name="sim-engine")
-                    self._task.add_done_callback(_report_engine_death)
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                if self._task is not None:
-                    self._task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await self._task
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await _serve_lifespan(receive, send, self.engine.run if self.runs_engine else None, "sim-engine")
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
@@ -210,6 +196,27 @@ class SimApp:
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
 
 
+async def _serve_lifespan(
+    receive: Receive, send: Send, run: Callable[[], Coroutine[Any, Any, None]] | None, name: str
+) -> None:
+    """ASGI lifespan: start the clock task (``run``) at start-up, cancel and await it at shutdown."""
+    task: asyncio.Task[None] | None = None
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            if run is not None:
+                task = asyncio.create_task(run(), name=name)
+                task.add_done_callback(_report_engine_death)
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 def _report_engine_death(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("the simulated engine stopped", exc_info=task.exception())
@@ -248,7 +255,6 @@ class SharedGPUApp:
             raise ProfileError(f"workers sharing a GPU need distinct ports, got {ports}")
         self.apps = {port: SimApp(settings, runs_engine=False) for settings, port in workers}
         self.gpu = SharedGPU([app.engine for app in self.apps.values()])
-        self._task: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -263,19 +269,7 @@ class SharedGPUApp:
         await app(scope, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                self._task = asyncio.create_task(self.gpu.run(), name="sim-gpu")
-                self._task.add_done_callback(_report_engine_death)
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                if self._task is not None:
-                    self._task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await self._task
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await _serve_lifespan(receive, send, self.gpu.run, "sim-gpu")
 
 
 def create_app(settings: SimSettings) -> ASGIApp:
