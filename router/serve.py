@@ -157,7 +157,8 @@ def serve(
     from router.app import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe is noise
+    for noisy in ("httpx", "httpx2"):  # one line per probe is noise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     host = host or cfg.gateway.host
     port = cfg.gateway.port if port is None else port
     if workers > 1 and cfg.gateway.state == "memory":
