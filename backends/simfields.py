@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from backends.asgi import read_body
 from backends.sim.textgen import chat_text, draw_answer
 
 Scope = dict[str, Any]
@@ -109,17 +110,14 @@ class SimFieldsProxy:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while (msg := await receive())["type"] != "lifespan.shutdown":
+            while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             await self.client.aclose()
             await send({"type": "lifespan.shutdown.complete"})
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await read_body(receive)
+        if body is None:
+            return  # the client left before its request was complete
         path = scope["path"]
         marker, chat = None, path == "/v1/chat/completions"
         if scope["method"] == "POST" and path in ("/v1/chat/completions", "/v1/completions"):

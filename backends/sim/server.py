@@ -21,6 +21,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from backends.asgi import read_body
 from backends.sim import api
 from backends.sim.api import ApiError, ChunkWriter, Completion
 from backends.sim.engine import Engine, Request, Status
@@ -223,14 +224,10 @@ def _report_engine_death(task: asyncio.Task[None]) -> None:
 
 
 async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ApiError(400, "client disconnected")
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    body = await read_body(receive)
+    if body is None:
+        raise ApiError(400, "client disconnected")
+    return body
 
 
 async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:

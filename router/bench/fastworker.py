@@ -18,6 +18,8 @@ from typing import Any
 
 import uvicorn
 
+from backends.asgi import read_body
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -78,12 +80,9 @@ def create_app(model: str = "fast") -> Callable[[Scope, Receive, Send], Awaitabl
             return
         path = scope["path"]
         if scope["method"] == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
-            body = b""
-            more = True
-            while more:
-                msg = await receive()
-                body += msg.get("body", b"")
-                more = msg.get("more_body", False)
+            body = await read_body(receive)
+            if body is None:
+                return  # the client left before its request was complete
             key = "chat" if path.endswith("chat/completions") else "text"
             try:
                 stream = json.loads(body).get("stream") is True
