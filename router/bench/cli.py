@@ -42,11 +42,22 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--speedup", type=float, help="override every sim worker's speedup")
     b.add_argument("--drain", type=float, help="seconds to wait for in-flight workflows after the arrivals end")
     b.add_argument("--no-plots", action="store_true")
+    b.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="gateway processes per run, sharing one port and the config's redis:// state",
+    )
     b.add_argument("--no-pin", action="store_true", help="overhead: do not pin processes to cores")
 
 
 def _check(args: argparse.Namespace) -> None:
-    positive = {"--duration": args.duration, "--speedup": args.speedup, "--users": args.users}
+    positive = {
+        "--duration": args.duration,
+        "--speedup": args.speedup,
+        "--users": args.users,
+        "--replicas": args.replicas,
+    }
     for key, value in positive.items():
         if value is not None and value <= 0:
             raise ConfigError(f"must be positive, got {value:g}", key=key)
@@ -78,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     spec = BenchSpec(
         config_path=args.config, workload=args.workload, policies=tuple(policies), rates=tuple(args.rate),
         users=args.users, duration_s=args.duration, warmup_s=args.warmup, seeds=seeds, out=args.out,
-        speedup=args.speedup, drain_s=args.drain, plots=not args.no_plots,
+        speedup=args.speedup, drain_s=args.drain, plots=not args.no_plots, replicas=args.replicas,
     )  # fmt: skip
     run_bench(spec)
     return 0

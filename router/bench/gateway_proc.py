@@ -33,12 +33,15 @@ from router.errors import ChimeraError
 
 def with_overrides(
     cfg: Config, *, policy: str | None = None, request_log: str | None = None, speedup: float | None = None,
-    urls: dict[str, str] | None = None,
+    urls: dict[str, str] | None = None, state: str | None = None,
 ) -> Config:  # fmt: skip
-    """``cfg`` with the gateway's policy / request log, every sim's speedup and some backends' URLs replaced."""
+    """``cfg`` with the gateway's policy / request log / state URL, every sim's speedup and some backends' URLs
+    replaced."""
     gw_update: dict[str, object] = {}
     if policy is not None:
         gw_update["policy"] = policy
+    if state is not None:
+        gw_update["state"] = state
     if request_log is not None:
         gw_update["request_log"] = request_log or None
     backends = cfg.backends
@@ -55,6 +58,7 @@ def with_overrides(
 def command(
     config_path: str, port: int, *, policy: str | None, request_log: str | None = None,
     profile: str | None = None, speedup: float | None = None, urls: dict[str, str] | None = None,
+    state: str | None = None, reuse_port: bool = False,
 ) -> list[str]:  # fmt: skip
     cmd = [sys.executable, "-m", "router.bench.gateway_proc", "--config", config_path, "--port", str(port)]
     if policy:
@@ -67,7 +71,23 @@ def command(
         cmd += ["--speedup", repr(speedup)]
     for name, url in (urls or {}).items():
         cmd += ["--backend-url", f"{name}={url}"]
+    if state is not None:
+        cmd += ["--state", state]
+    if reuse_port:
+        cmd.append("--reuse-port")
     return cmd
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket with SO_REUSEPORT, so several gateway replicas share one port (the kernel spreads
+    incoming connections over them, as behind a Kubernetes Service)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 def free_port() -> int:
@@ -122,14 +142,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profile")
     p.add_argument("--speedup", type=float)
     p.add_argument("--backend-url", action="append", default=[], metavar="NAME=URL", help="move a backend")
+    p.add_argument("--state", help="replace gateway.state (e.g. a redis:// URL with its own prefix)")
+    p.add_argument("--reuse-port", action="store_true", help="share the port with other replicas (SO_REUSEPORT)")
     args = p.parse_args(argv)
     urls = dict(item.split("=", 1) for item in args.backend_url)
     cfg = with_overrides(
-        load_config(args.config), policy=args.policy, request_log=args.request_log, speedup=args.speedup, urls=urls
-    )
+        load_config(args.config), policy=args.policy, request_log=args.request_log, speedup=args.speedup, urls=urls,
+        state=args.state,
+    )  # fmt: skip
     from router.app import create_app
 
     app = create_app(cfg)
+    if args.reuse_port:
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        server.run(sockets=[listen(args.host, args.port)])
+        return 0
     if not args.profile:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
         return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ class BenchSpec:
     speedup: float | None = None  # overrides every sim's speedup
     drain_s: float | None = None
     plots: bool = True
+    replicas: int = 1  # gateway processes sharing one port and the config's Redis state
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -64,7 +66,15 @@ def validate(spec: BenchSpec) -> Config:
                           key="agents")  # fmt: skip
     if spec.users is None and not spec.rates:
         raise ConfigError("give --rate R[,R...] or --users N", key="--rate")
+    if spec.replicas > 1 and not cfg.gateway.state.startswith(("redis://", "rediss://")):
+        raise ConfigError(f"--replicas {spec.replicas} needs gateway.state: redis://... (replicas share the fleet "
+                          "state through Redis)", key="--replicas")  # fmt: skip
     return cfg
+
+
+def replica_state(state: str, tag: str) -> str:
+    """``state`` with a key prefix of this run's own, so no run sees an earlier run's reservations."""
+    return f"{state}{'&' if '?' in state else '?'}prefix=bench-{tag}-{os.getpid()}"
 
 
 def fleet_speedup(cfg: Config, override: float | None) -> float:
@@ -129,11 +139,17 @@ def run_one(
     with running_sims(fleet_cfg.backends):
         port = gateway_proc.free_port()
         url = f"http://127.0.0.1:{port}"
-        cmd = gateway_proc.command(spec.config_path, port, policy=policy, speedup=spec.speedup, urls=urls,
-                                   request_log=str(out / "logs" / f"requests-{tag}.jsonl"))  # fmt: skip
-        gw = gateway_proc.start(cmd, out / "logs" / f"gateway-{tag}.log")
+        state = replica_state(cfg.gateway.state, tag) if spec.replicas > 1 else None
+        gws = []
+        for r in range(spec.replicas):
+            suffix = f"-r{r}" if spec.replicas > 1 else ""
+            cmd = gateway_proc.command(spec.config_path, port, policy=policy, speedup=spec.speedup, urls=urls,
+                                       request_log=str(out / "logs" / f"requests-{tag}{suffix}.jsonl"),
+                                       state=state, reuse_port=spec.replicas > 1)  # fmt: skip
+            gws.append(gateway_proc.start(cmd, out / "logs" / f"gateway-{tag}{suffix}.log"))
         try:
-            gateway_proc.wait_ready(url, gw)
+            for gw in gws:
+                gateway_proc.wait_ready(url, gw)
             task = progress.add_task(label, total=horizon)
             counters = asyncio.run(
                 _drive(
@@ -150,7 +166,8 @@ def run_one(
                 )
             )
         finally:
-            gateway_proc.stop(gw)
+            for gw in gws:
+                gateway_proc.stop(gw)
         progress.remove_task(task)
     entry: dict[str, Any] = {"policy": policy, "workload": spec.workload, kind: load, "seed": seed}
     entry.update(summarize(log, cfg, warmup_s=spec.warmup_s, duration_s=spec.duration_s, sla_scale=1.0 / speedup))
@@ -162,6 +179,7 @@ def run_one(
         "file": spec.config_path, "workload": spec.workload, "policy": policy, kind: load, "seed": seed,
         "duration_s": spec.duration_s, "warmup_s": spec.warmup_s, "drain_s": drain, "speedup": speedup,
         "sla_scale": round(1.0 / speedup, 4), "clock": "wall-clock latencies and rates (see speedup)",
+        "gateway_replicas": spec.replicas,
         "backends": [{"name": b.name, "model": b.model, "kv_budget_tokens": b.kv_budget_tokens,
                       "tags": list(b.tags), **({"sim": b.sim.model_dump(),
                                                 "profile_sha256": _profile_digest(b.sim.profile)} if b.sim else {})}

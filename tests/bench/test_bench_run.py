@@ -9,6 +9,9 @@ from pathlib import Path
 
 from router.bench.overhead import run_overhead
 from router.bench.runner import BenchSpec, run_bench
+from tests.redisutil import redis_prefix
+
+__all__ = ["redis_prefix"]  # a fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = {"policy", "requests", "errors", "throughput_rps", "output_tok_per_s", "ttft_ms", "e2e_ms",
@@ -86,3 +89,29 @@ def test_with_a_gateway_predictor_the_bench_posts_each_verdict_as_feedback(tmp_p
     feedback = [r for r in lines if r.get("type") == "feedback"]
     assert feedback and {r["request_id"] for r in feedback} <= requests
     assert {r["score"] for r in feedback} <= {0.0, 1.0}
+
+
+def test_replicas_share_one_port_and_redis_state(tmp_path: Path, redis_prefix: str) -> None:
+    """`--replicas 2`: two gateway processes on one SO_REUSEPORT port, one Redis fleet view, both serving."""
+    text = (ROOT / "examples" / "quickstart.yaml").read_text()
+    cfg = tmp_path / "redis.yaml"
+    cfg.write_text(text.replace("state: memory", f"state: redis://127.0.0.1:6379/0?prefix={redis_prefix}"))
+    assert "redis://" in cfg.read_text()
+    spec = BenchSpec(
+        config_path=str(cfg), workload="chat", policies=("least_outstanding",), rates=(40.0,), users=None,
+        duration_s=1.5, warmup_s=0.2, seeds=(1,), out=str(tmp_path / "out"), speedup=25.0, drain_s=15.0,
+        plots=False, replicas=2,
+    )  # fmt: skip
+    run_bench(spec)
+    (entry,) = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert entry["errors"] == 0 and entry["config"]["gateway_replicas"] == 2
+    logs = sorted((tmp_path / "out" / "logs").glob("requests-*-r*.jsonl"))
+    assert len(logs) == 2
+    served = [len(p.read_text().splitlines()) for p in logs]
+    assert all(n > 0 for n in served) and sum(served) >= entry["requests"], served
+
+
+def test_replicas_need_redis_state() -> None:
+    proc = _bench("--config", str(ROOT / "examples" / "quickstart.yaml"), "--workload", "chat", "--rate", "1",
+                  "--replicas", "2")  # fmt: skip
+    assert proc.returncode == 2 and "--replicas" in proc.stderr and "redis" in proc.stderr, proc.stderr
