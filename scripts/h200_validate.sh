@@ -10,6 +10,10 @@
 # 3. one sim-fields proxy per worker (backends/simfields.py: exact output lengths and the sim's verdicts).
 # 4. `chimera bench` per workload and policy, prefix caches reset between runs (VLLM_SERVER_DEV_MODE=1).
 # 5. $OUT (<= 8 files): real-chat.json, real-mixed.json, workers-up.log, summary.txt, logs.tgz
+# Knobs (environment): REAL (config), SEED, RATES_chat / RATES_mixed (space-separated lists), REPLICAS (gateway
+# processes per run, sharing Redis: starts .gpu/c/redis-bin/redis-server when none answers), COLOCATE=1 (probe
+# the workers sharing a GPU first: $OUT/colocate.json), KEEP=1 (leave the workers running for the next call;
+# a call that finds them all healthy skips the boot).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 \
@@ -21,14 +25,14 @@ exec > >(tee "$L/run.log") 2>&1
 REAL=${REAL:-examples/h200-real.yaml}
 POLICIES=${POLICIES:-"round_robin least_outstanding predictive"}
 WORKLOADS=${WORKLOADS:-"chat mixed"}
-RATE_chat=${RATE_chat:-6}; RATE_mixed=${RATE_mixed:-1}            # workflows/s (chat: requests/s)
+RATES_chat=${RATES_chat:-6}; RATES_mixed=${RATES_mixed:-1}        # workflows/s (chat: requests/s)
+SEED=${SEED:-1}; REPLICAS=${REPLICAS:-1}
 WARMUP=${WARMUP:-4}; DUR_chat=${DUR_chat:-16}; DUR_mixed=${DUR_mixed:-20}; DRAIN_chat=${DRAIN_chat:-15}
 DRAIN_mixed=${DRAIN_mixed:-30}; BOOT_S=${BOOT_S:-300}
 CHIMERA="python3 -m router.cli"
 el() { echo "+$(( $(date +%s) - T0 )) s"; }
 collect() {
-  python3 scripts/real_vllm.py merge "$OUT/real-chat.json" $L/bench-chat-* 2>/dev/null
-  python3 scripts/real_vllm.py merge "$OUT/real-mixed.json" $L/bench-mixed-* 2>/dev/null
+  for wl in $WORKLOADS; do python3 scripts/real_vllm.py merge "$OUT/real-$wl.json" $L/bench-$wl-* 2>/dev/null; done
   cp "$L/workers-up.log" "$OUT/" 2>/dev/null
   { echo "elapsed $(el)"; nvidia-smi 2>&1 | head -25; cat "$L/versions.txt" 2>/dev/null; } > "$OUT/summary.txt"
   tar -C "$L" --exclude='*.whl' -czf "$OUT/logs.tgz" . 2>/dev/null
@@ -47,6 +51,16 @@ cat "$L/versions.txt"
 [ -d /tmp/models/qwen2.5-7b ] || python3 .gpu/bin/mkmodels.py /tmp/models > /dev/null
 python3 scripts/real_vllm.py configs "$REAL" --real-out "$L/bench-real.yaml"
 
+python3 scripts/real_vllm.py backends "$REAL" > "$L/backends.txt"
+up_already() { while read -r name port rest; do curl -sf -m 2 "localhost:$port/health" > /dev/null || return 1; done < "$L/backends.txt"; }
+if [ "$REPLICAS" -gt 1 ] && ! python3 -c "import redis; redis.Redis().ping()" 2>/dev/null; then
+  LD_LIBRARY_PATH=$PWD/.gpu/c/redis-bin setsid .gpu/c/redis-bin/redis-server --port 6379 --save "" --appendonly no \
+    > "$L/redis.log" 2>&1 &
+  for _ in $(seq 50); do python3 -c "import redis; redis.Redis().ping()" 2>/dev/null && break; sleep 0.2; done
+  python3 -c "import redis; print('redis', redis.Redis().info()['redis_version'])" || { echo "BLOCKED: no Redis"; collect; exit 1; }
+fi
+UP=""
+if up_already; then echo "workers already healthy: no boot $(el)"; else
 # 2. the workers, through the launcher itself
 setsid $CHIMERA workers up --config "$REAL" --log-dir "$L/workers" --timeout "$BOOT_S" > "$L/workers-up.log" 2>&1 &
 UP=$!
@@ -69,10 +83,18 @@ until grep -q "workers healthy" "$L/workers-up.log"; do
   sleep 2
 done
 echo "workers healthy $(el)"; cat "$L/workers-up.log"
+fi
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv
 
+if [ "${COLOCATE:-0}" = 1 ]; then
+  args=$(while read -r name port model rest; do echo -n "$model=http://127.0.0.1:$port "; done < "$L/backends.txt")
+  timeout 240 python3 scripts/calibrate/colocate.py probe --batches "${COLOCATE_BATCHES:-1,8,32}" --tokens 300 \
+    --out "$OUT/colocate.json" $args | cut -c1-220
+  echo "colocate done $(el)"
+fi
+
 # 3. the sim-fields proxies (port + 1000)
-python3 scripts/real_vllm.py backends "$REAL" > "$L/backends.txt"
+pkill -f backends.simfields 2>/dev/null; sleep 0.5
 while read -r name port model profile seed; do
   setsid python3 -m backends.simfields --port $((port + 1000)) --upstream "http://127.0.0.1:$port" \
     --profile "$profile" --seed "$seed" > "$L/proxy-$name.log" 2>&1 &
@@ -83,21 +105,24 @@ done < "$L/backends.txt"
 
 # 4. the bench, one policy at a time, caches reset in between
 for wl in $WORKLOADS; do
-  rate=$(eval echo \$RATE_$wl); dur=$(eval echo \$DUR_$wl); drain=$(eval echo \$DRAIN_$wl)
+  dur=$(eval echo \$DUR_$wl); drain0=$(eval echo \$DRAIN_$wl)
+  for rate in $(eval echo \$RATES_$wl); do
   for pol in $POLICIES; do
+    drain=$drain0
     need=$((WARMUP + dur + drain + 12))
     if [ $(( END - $(date +%s) )) -lt $((WARMUP + dur + 15)) ]; then echo "SKIP $wl $pol: no time left $(el)"; continue; fi
     while read -r name port rest; do curl -s -m 5 -X POST "localhost:$port/reset_prefix_cache" > /dev/null; done < "$L/backends.txt"
     left=$(( END - $(date +%s) - 10 )); [ $need -gt $left ] && drain=$((left - WARMUP - dur - 12))
-    echo "=== bench $wl $pol rate=$rate dur=$dur drain=$drain $(el)"
+    echo "=== bench $wl $pol rate=$rate seed=$SEED replicas=$REPLICAS dur=$dur drain=$drain $(el)"
     timeout $((WARMUP + dur + drain + 40)) $CHIMERA bench --config "$L/bench-real.yaml" --workload "$wl" --policies "$pol" \
-      --rate "$rate" --duration "$dur" --warmup "$WARMUP" --drain "$drain" --seed 1 --no-plots --out "$L/bench-$wl-$pol" \
-      2>&1 | grep -v "^\s*$" | tail -8
+      --rate "$rate" --duration "$dur" --warmup "$WARMUP" --drain "$drain" --seed "$SEED" --replicas "$REPLICAS" \
+      --no-plots --out "$L/bench-$wl-$pol-r$rate-s$SEED" 2>&1 | grep -v "^\s*$" | tail -4
+  done
   done
 done
 
 # 5. stop the workers the way a user does (SIGTERM to `workers up`), then collect
-if [ -n "$UP" ]; then
+if [ -n "$UP" ] && [ "${KEEP:-0}" != 1 ]; then
   kill -TERM $UP 2>/dev/null; for _ in $(seq 30); do kill -0 $UP 2>/dev/null || break; sleep 1; done
   if kill -0 $UP 2>/dev/null; then echo "workers up still running after SIGTERM $(el)"; else wait $UP; echo "workers up exit code $? $(el)"; fi
   tail -2 "$L/workers-up.log"
