@@ -4,10 +4,11 @@
         qwen2.5-0.5b=http://127.0.0.1:8001 qwen2.5-1.5b=http://127.0.0.1:8002 qwen2.5-7b=http://127.0.0.1:8003
     python scripts/calibrate/colocate.py fit colocate.json
 
-For each batch size and each subset of the workers (each alone, every pair, all), ``batch`` streams per
-worker in the subset decode ``--tokens`` tokens (``ignore_eos``) from a ``--prompt``-token prompt, all
-started together; the client-side inter-token time in the middle half of each stream (steady state:
-every worker of the subset decoding) gives the worker's TPOT. The ratio of a worker's TPOT in a subset
+For each batch size and each subset of the workers (each alone, every pair, all), ``batch`` closed-loop
+users per worker of the subset send non-streamed ``--tokens``-token completions (``ignore_eos``) of a
+``--prompt``-token prompt, back to back; each worker's own inter-token latency histogram (server side,
+so the client's speed does not matter) over a window where every worker of the subset is busy gives
+its TPOT. The ratio of a worker's TPOT in a subset
 to its TPOT alone is its slowdown; `fit_gpu_share` turns those into the share of a decode step that is
 GPU work (time-sliced among the processes) rather than CPU work (scheduler, sampler, launches), under
 the sim's processor-sharing model (`backends/sim/gpu.py`).
@@ -20,9 +21,7 @@ import asyncio
 import itertools
 import json
 import random
-import statistics
 import sys
-import time
 from typing import Any
 
 import httpx
@@ -32,39 +31,56 @@ def _prompt(n: int, rng: random.Random) -> str:
     return " ".join(f"w{rng.randint(3, 150000)}" for _ in range(n))
 
 
-async def _stream(c: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int) -> list[float]:
-    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "ignore_eos": True, "stream": True,
-            "temperature": 0.0}  # fmt: skip
-    times: list[float] = []
-    async with c.stream("POST", url + "/v1/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if line.startswith("data: {") and '"choices"' in line:
-                times.append(time.perf_counter())
-    return times
+async def _loop(c: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int) -> None:
+    """One closed-loop user: non-streamed completions back to back (the client reads one body per request,
+    so a slow client cannot pace the server's output)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
+    while True:
+        (await c.post(url + "/v1/completions", json=body)).raise_for_status()
 
 
-def _steady_tpot(streams: list[list[float]], lo: float, hi: float) -> float:
-    """Median inter-token gap of ``streams`` inside the window ``[lo, hi]``, in ms."""
-    gaps = [b - a for t in streams for a, b in itertools.pairwise(t) if lo <= a and b <= hi]
-    return statistics.median(gaps) * 1e3 if gaps else float("nan")
+ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+
+
+async def _itl(c: httpx.AsyncClient, url: str) -> tuple[float, float]:
+    """(sum, count) of the server's inter-token latency histogram."""
+    text = (await c.get(url + "/metrics")).text
+    for name in ITL:
+        total = count = None
+        for line in text.splitlines():
+            if line.startswith(name + "_sum"):
+                total = float(line.rsplit(" ", 1)[1])
+            elif line.startswith(name + "_count"):
+                count = float(line.rsplit(" ", 1)[1])
+        if total is not None and count is not None:
+            return total, count
+    raise RuntimeError(f"{url}/metrics has none of {ITL}")
 
 
 async def phase(workers: dict[str, str], subset: tuple[str, ...], batch: int, prompt: int, tokens: int,
-                rng: random.Random) -> dict[str, Any]:  # fmt: skip
+                rng: random.Random, settle_s: float = 1.5, measure_s: float = 3.0) -> dict[str, Any]:  # fmt: skip
+    """``batch`` closed-loop users per worker of ``subset`` for ``settle_s + measure_s``; the server-side mean
+    inter-token latency of each worker over the last ``measure_s`` (every worker busy all along)."""
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
     async with httpx.AsyncClient(timeout=600, limits=limits) as c:
-        jobs = {m: [_stream(c, workers[m], m, _prompt(prompt, rng), tokens) for _ in range(batch)] for m in subset}
-        t0 = time.perf_counter()
-        flat = await asyncio.gather(*[j for js in jobs.values() for j in js])
-        wall = time.perf_counter() - t0
-    # steady state: every stream of every worker past its first eighth and none finished yet
-    lo = max(t[len(t) // 8] for t in flat if t)
-    hi = min(t[-1] for t in flat if t)
-    out: dict[str, Any] = {"subset": list(subset), "batch": batch, "wall_s": round(wall, 3),
-                           "window_s": round(hi - lo, 3), "tpot_ms": {}}  # fmt: skip
-    for i, m in enumerate(subset):
-        out["tpot_ms"][m] = round(_steady_tpot(list(flat[i * batch : (i + 1) * batch]), lo, hi), 3)
+        tasks = [asyncio.create_task(_loop(c, workers[m], m, _prompt(prompt, rng), tokens))
+                 for m in subset for _ in range(batch)]  # fmt: skip
+        try:
+            await asyncio.sleep(settle_s)
+            before = {m: await _itl(c, workers[m]) for m in subset}
+            await asyncio.sleep(measure_s)
+            after = {m: await _itl(c, workers[m]) for m in subset}
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    out: dict[str, Any] = {"subset": list(subset), "batch": batch, "measure_s": measure_s, "tpot_ms": {},
+                           "tokens": {}}  # fmt: skip
+    for m in subset:
+        dn = after[m][1] - before[m][1]
+        out["tpot_ms"][m] = round((after[m][0] - before[m][0]) / dn * 1e3, 3) if dn else float("nan")
+        out["tokens"][m] = dn
+    await asyncio.sleep(0.5)  # let the aborted requests drain before the next phase
     return out
 
 
@@ -118,7 +134,7 @@ async def probe(args: argparse.Namespace) -> list[dict[str, Any]]:
     subsets = [s for k in range(1, len(names) + 1) for s in itertools.combinations(names, k)]
     phases = []
     for m in names:  # warm each once (graph capture is done at start-up; this fills the allocator)
-        await phase(workers, (m,), 2, 64, 16, rng)
+        await phase(workers, (m,), 2, 64, 16, rng, settle_s=0.5, measure_s=0.5)
     for b in (int(x) for x in args.batches.split(",")):
         for s in subsets:
             p = await phase(workers, s, b, args.prompt, args.tokens, rng)
