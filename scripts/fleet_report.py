@@ -1,0 +1,138 @@
+"""Tables from `chimera bench` results of several seeds and rates: policies side by side, and sim against real.
+
+    python scripts/fleet_report.py policies docs/results/real-h200-x2/real-mixed.json
+    python scripts/fleet_report.py simreal --real docs/results/real-h200-x2/real-mixed.json \\
+        --sim docs/results/real-h200-x2/sim-mixed.json
+
+Rates and latencies are put in modelled (H200) time first: a sim run at ``speedup`` s ran its load at
+``rate`` wall-clock workflows/s = ``rate / s`` modelled, and its wall-clock latencies are ``1/s`` times
+the modelled ones. Cells are the mean over the seeds present on both sides (± the standard deviation
+over seeds in the policy table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "e2e"), ("workflow_e2e_ms", "wf e2e"))
+
+
+def _speedup(e: dict[str, Any]) -> float:
+    return float((e.get("config") or {}).get("speedup", 1.0))
+
+
+def _rate(e: dict[str, Any]) -> float:
+    return round(float(e["rate"]) / _speedup(e), 3)
+
+
+def _lat(e: dict[str, Any], key: str, q: str) -> float | None:
+    v = (e.get(key) or {}).get(q)
+    return None if v is None else float(v) * _speedup(e)
+
+
+def _groups(entries: list[dict[str, Any]]) -> dict[tuple[str, float], dict[int, dict[str, Any]]]:
+    g: dict[tuple[str, float], dict[int, dict[str, Any]]] = defaultdict(dict)
+    for e in entries:
+        g[(e["policy"], _rate(e))][int(e.get("seed", 0))] = e
+    return g
+
+
+def _ms(x: float) -> str:
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def policies(entries: list[dict[str, Any]]) -> list[str]:
+    g = _groups(entries)
+    rows = ["| rate (wf/s) | policy | seeds | wf e2e p50 (ms) | RR ÷ this | LO ÷ this | e2e p50 | TTFT p50 | "
+            "TTFT p99 | success % | SLA % | model share |", "|" + " --- |" * 12]  # fmt: skip
+    for rate in sorted({r for _, r in g}):
+        base = {p: g.get((p, rate), {}) for p in ("round_robin", "least_outstanding")}
+        for (pol, r), by_seed in sorted(g.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            if r != rate:
+                continue
+            seeds = sorted(by_seed)
+
+            def stat(vals: list[float], pct: bool = False) -> str:
+                k = 100.0 if pct else 1.0
+                m = statistics.mean(vals) * k
+                return f"{_ms(m)} ± {_ms(statistics.stdev(vals) * k)}" if len(vals) > 1 else _ms(m)
+
+            wf = [_lat(by_seed[s], "workflow_e2e_ms", "p50") or 0.0 for s in seeds]
+            ratios = []
+            for b in ("round_robin", "least_outstanding"):
+                common = [s for s in seeds if s in base[b]]
+                rs = [(_lat(base[b][s], "workflow_e2e_ms", "p50") or 0.0) / (_lat(by_seed[s], "workflow_e2e_ms", "p50")
+                      or 1.0) for s in common]  # fmt: skip
+                ratios.append(f"{statistics.mean(rs):.2f} ± {statistics.stdev(rs):.2f}" if len(rs) > 1 else
+                              (f"{rs[0]:.2f}" if rs else "-"))  # fmt: skip
+            share: dict[str, float] = defaultdict(float)
+            for s in seeds:
+                for m, v in (by_seed[s].get("model_share") or {}).items():
+                    share[m] += v / len(seeds)
+            rows.append("| " + " | ".join([
+                f"{rate:g}", pol, str(len(seeds)), stat(wf), *ratios,
+                stat([_lat(by_seed[s], "e2e_ms", "p50") or 0.0 for s in seeds]),
+                stat([_lat(by_seed[s], "ttft_ms", "p50") or 0.0 for s in seeds]),
+                stat([_lat(by_seed[s], "ttft_ms", "p99") or 0.0 for s in seeds]),
+                stat([by_seed[s]["task_success"] for s in seeds], pct=True),
+                stat([by_seed[s]["sla_attainment"] for s in seeds], pct=True),
+                " / ".join(f"{m.removeprefix('qwen2.5-')} {100 * v:.0f}%" for m, v in sorted(share.items())),
+            ]) + " |")  # fmt: skip
+    return rows
+
+
+def simreal(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list[str], list[float]]:
+    gr, gs = _groups(real), _groups(sim)
+    heads = [f"{label} {q}" for _, label in METRICS for q in ("p50", "p99")]
+    rows = ["| rate (wf/s) | policy | seeds | " + " | ".join(f"{h} real / sim (Δ)" for h in heads) + " |",
+            "|" + " --- |" * (3 + len(heads))]  # fmt: skip
+    diffs: list[float] = []
+    for (pol, rate), rs in sorted(gr.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        ss = gs.get((pol, rate), {})
+        seeds = sorted(set(rs) & set(ss))
+        cells = [f"{rate:g}", pol, ",".join(map(str, seeds)) or "-"]
+        for key, _ in METRICS:
+            for q in ("p50", "p99"):
+                a_vals = [v for s in seeds if (v := _lat(rs[s], key, q)) is not None]
+                b_vals = [v for s in seeds if (v := _lat(ss[s], key, q)) is not None]
+                if not a_vals or not b_vals:
+                    cells.append("-")
+                    continue
+                a, b = statistics.mean(a_vals), statistics.mean(b_vals)
+                d = (b - a) / a if a else 0.0
+                diffs.append(d)
+                mark = "**" if abs(d) <= 0.10 else ""
+                cells.append(f"{mark}{_ms(a)} / {_ms(b)} ({100 * d:+.0f}%){mark}")
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows, diffs
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("policies")
+    p.add_argument("file")
+    s = sub.add_parser("simreal")
+    s.add_argument("--real", required=True)
+    s.add_argument("--sim", required=True)
+    args = ap.parse_args(argv)
+    if args.cmd == "policies":
+        print("\n".join(policies(json.loads(Path(args.file).read_text()))))
+        return 0
+    rows, diffs = simreal(json.loads(Path(args.real).read_text()), json.loads(Path(args.sim).read_text()))
+    print("\n".join(rows))
+    if diffs:
+        ad = sorted(abs(d) for d in diffs)
+        print(f"\n{sum(d <= 0.10 for d in ad)} of {len(ad)} cells within 10 %, {sum(d <= 0.20 for d in ad)} within "
+              f"20 %; median |Δ| {100 * ad[len(ad) // 2]:.0f} %")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
