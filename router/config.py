@@ -130,6 +130,11 @@ class HealthConfig(_Frozen):
     probe_timeout_s: PosFloat = 1.0
     eject_after_failures: PosInt = 3
     readmit_after_successes: PosInt = 1
+    # A worker that fails again before serving one request after its re-admission (on probation) is
+    # ejected at its first failure and kept out at least this long, doubling each time up to the max:
+    # a worker whose /health says ok while its completions fail stops costing retries (outlier ejection).
+    eject_backoff_s: Annotated[float, Field(ge=0)] = 1.0
+    eject_backoff_max_s: PosFloat = 60.0
 
 
 class PolicyOptions(_Frozen):

@@ -10,7 +10,12 @@ Health is a small state machine per worker:
 * ``eject_after_failures`` consecutive failures eject it — probe failures and proxied-request
   worker failures count alike, and any success (probe or request) resets the run;
 * once ejected, only probes re-admit it, after ``readmit_after_successes`` consecutive successful
-  probes (an ejected worker gets no traffic, so requests cannot vouch for it).
+  probes (an ejected worker gets no traffic, so requests cannot vouch for it);
+* a re-admitted worker is on probation until a request succeeds on it: its first failure ejects it
+  again, and such a repeat ejection keeps it out for ``eject_backoff_s`` × 2^(repeats − 1) (at most
+  ``eject_backoff_max_s``) whatever the probes say — so a worker whose ``/health`` is fine while its
+  completions fail costs one retry per backoff period, not a few per probe interval (as Envoy's
+  outlier ejection does). A request's success ends probation and forgets the repeats.
 
 ``snapshot()`` runs on every request, so it does no I/O and no locking (everything happens on one
 event loop and no update awaits midway). Views are cached per worker and rebuilt only when that
@@ -46,6 +51,9 @@ class WorkerRecord:
     healthy: bool = True
     consecutive_failures: int = 0
     consecutive_probe_successes: int = 0
+    probation: bool = False  # re-admitted, no request has succeeded on it since
+    repeat_ejections: int = 0  # ejections while on probation, since the last request success
+    ejected_until: float = -math.inf  # probes cannot re-admit before this
     inflight_requests: int = 0  # this process's own reservations
     inflight_tokens: int = 0
     other_requests: int = 0  # other replicas' reservations (shared states only)
@@ -122,8 +130,13 @@ class FleetTable:
         rec.last_success_at = at if rec.last_success_at is None else max(rec.last_success_at, at)
         rec.consecutive_failures = 0
         rec.consecutive_probe_successes += 1
-        if not rec.healthy and rec.consecutive_probe_successes >= self.health.readmit_after_successes:
+        if (
+            not rec.healthy
+            and rec.consecutive_probe_successes >= self.health.readmit_after_successes
+            and at >= rec.ejected_until
+        ):
             rec.healthy = True
+            rec.probation = True
             log.info("worker %s re-admitted after %d good probes", rec.name, rec.consecutive_probe_successes)
 
     def result(self, backend: str, ok: bool, ttft_s: float | None, tpot_s: float | None) -> None:
@@ -135,12 +148,19 @@ class FleetTable:
             return
         rec.last_success_at = self.clock()
         rec.consecutive_failures = 0
+        rec.probation, rec.repeat_ejections = False, 0
         rec.ttft_ewma_s = ewma(rec.ttft_ewma_s, ttft_s)
         rec.tpot_ewma_s = ewma(rec.tpot_ewma_s, tpot_s)
 
     def _failure(self, rec: WorkerRecord, source: str) -> None:
         rec.consecutive_failures += 1
-        if rec.healthy and rec.consecutive_failures >= self.health.eject_after_failures:
+        if rec.healthy and rec.probation:
+            rec.healthy, rec.probation = False, False
+            rec.repeat_ejections += 1
+            hold = min(self.health.eject_backoff_max_s, self.health.eject_backoff_s * 2 ** (rec.repeat_ejections - 1))
+            rec.ejected_until = self.clock() + hold
+            log.warning("worker %s failed again on probation (%s): ejected for at least %.1f s", rec.name, source, hold)
+        elif rec.healthy and rec.consecutive_failures >= self.health.eject_after_failures:
             rec.healthy = False
             log.warning(
                 "worker %s ejected after %d consecutive failures (last: %s)", rec.name, rec.consecutive_failures, source

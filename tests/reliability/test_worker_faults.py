@@ -141,3 +141,25 @@ async def test_failing_worker_is_ejected_then_readmitted(gateway_server: Gw, fak
     print(f"{fault}: {before.summary()}; ejected in {eject_s:.2f}s; re-admitted {readmit_s:.2f}s after recovery")
     _no_hung_no_lost(after)
     assert after.kinds()["ok"] == 20 and {o.backend for o in after.outcomes} == {"w0", "w1"}
+
+
+async def test_half_broken_worker_is_held_out_not_flapping(gateway_server: Gw, fake_server: Any) -> None:
+    """/health says ok while every completion fails: probes keep re-admitting it, so without a hold it
+    would take ~eject_after_failures requests (and their retries) every probe interval. On probation
+    its first failure ejects it for 1 s, then 2 s, ...: a handful of hits over the run, none lost."""
+    sick = SwitchableWorker(mode="status", status=500, chunk_delay=0.005)
+    sick.health_follows_mode = False
+    good = SwitchableWorker(chunk_delay=0.005)
+    cfg = make_config(_backends([fake_server(sick).url, fake_server(good).url]), policy="round_robin",
+                      timeouts=FAST, health={**PROBE, "readmit_after_successes": 1, "eject_after_failures": 3,
+                                             "eject_backoff_s": 1.0})  # fmt: skip
+    gw = gateway_server(cfg, probe=True)
+    started = time.monotonic()
+    tally = await closed_loop(gw.url, total=300, concurrency=4, bound=BOUND_S)
+    elapsed = time.monotonic() - started
+    _no_hung_no_lost(tally)
+    hits = len(sick.received)
+    print(f"half-broken worker: {hits} requests reached it in {elapsed:.1f} s; {tally.summary()}")
+    assert tally.kinds()["ok"] == 300
+    # 3 to eject, then one per re-admission: after 0.25 s, +1 s, +2 s, +4 s ... (probes every 0.25 s)
+    assert 3 <= hits <= 3 + 2 + int(elapsed).bit_length() + 2, hits

@@ -184,6 +184,35 @@ async def test_readmitted_after_m_good_probes_only(state: FleetState) -> None:
     assert state.any_probe_ok()
 
 
+async def test_failure_on_probation_reejects_with_a_doubling_hold(state: FleetState, clock: FakeClock) -> None:
+    """A worker whose probes pass while its requests fail (a half-broken engine) is not re-admitted
+    every probe interval: re-ejected at its first failure after re-admission, it stays out 1 s, then 2 s."""
+    for _ in range(3):
+        await state.record_probe("a", False, None)
+    for _ in range(2):
+        await state.record_probe("a", True, None)
+    assert view(state, "a").healthy  # re-admitted, on probation
+    await state.record_result("a", False)  # one failure is enough now
+    assert not view(state, "a").healthy
+    for _ in range(3):
+        await state.record_probe("a", True, None)
+    assert not view(state, "a").healthy  # held for eject_backoff_s = 1 s
+    clock.now += 1.0
+    await state.record_probe("a", True, None)
+    assert view(state, "a").healthy
+    await state.record_result("a", False)
+    clock.now += 1.5
+    for _ in range(2):
+        await state.record_probe("a", True, None)
+    assert not view(state, "a").healthy  # the second repeat holds 2 s
+    clock.now += 0.5
+    await state.record_probe("a", True, None)
+    assert view(state, "a").healthy
+    await state.record_result("a", True)  # a served request ends probation and forgets the repeats
+    await state.record_result("a", False)
+    assert view(state, "a").healthy  # back to eject_after_failures=3
+
+
 async def test_readmit_after_one_probe_by_default(make_state: StateFactory) -> None:
     st = await make_state(HealthConfig(eject_after_failures=1))
     await st.record_probe("a", False, None)
