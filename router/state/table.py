@@ -12,7 +12,7 @@ Health is a small state machine per worker:
 * once ejected, only probes re-admit it, after ``readmit_after_successes`` consecutive successful
   probes (an ejected worker gets no traffic, so requests cannot vouch for it);
 * a re-admitted worker is on probation until a request succeeds on it: its first failure ejects it
-  again, and such a repeat ejection keeps it out for ``eject_backoff_s`` × 2^(repeats − 1) (at most
+  again, and such a repeat ejection keeps it out for ``eject_backoff_s`` * 2^(repeats - 1) (at most
   ``eject_backoff_max_s``) whatever the probes say — so a worker whose ``/health`` is fine while its
   completions fail costs one retry per backoff period, not a few per probe interval (as Envoy's
   outlier ejection does). A request's success ends probation and forgets the repeats.
