@@ -7,9 +7,10 @@ elsewhere on any failure. After that, :meth:`WorkerResponse.chunks` yields the r
 between-chunk deadline.
 
 The client is ``httpx2`` (pydantic's maintained successor of httpx, same API; the openai SDK
-uses it too): httpx 0.28's connection pool rescans every pooled connection, quadratically, on each
-request, which measured 1.8x the gateway's CPU per request at 64 concurrent requests (3.2 ms vs
-1.75 ms; docs/BENCHMARKS.md). ``httpx`` below means ``httpx2``.
+uses it too) and the one :func:`make_http_client` builds sends through
+:class:`backends.transport.AiohttpTransport`: httpcore's pool polls every idle connection on each
+request, and with it the client side of a proxied request cost ~3x aiohttp's (docs/BENCH.md,
+"Gateway overhead"). ``httpx`` below means ``httpx2``.
 
 Every httpx error is translated here into a :class:`router.errors.WorkerError` subclass
 (``raise ... from exc``); nothing above this module sees httpx exceptions.
@@ -23,6 +24,7 @@ from typing import NoReturn
 
 import httpx2 as httpx
 
+from backends.transport import AiohttpTransport
 from router.config import BackendConfig, Timeouts
 from router.errors import (
     WorkerConnectError,
@@ -39,13 +41,13 @@ def make_http_client(timeouts: Timeouts) -> httpx.AsyncClient:
     """The gateway's pooled client. Read deadlines are enforced per phase by :class:`WorkerClient`;
     httpx's own read timeout is only a backstop."""
     return httpx.AsyncClient(
+        transport=AiohttpTransport(httpx.Limits(max_connections=4096, keepalive_expiry=30.0)),
         timeout=httpx.Timeout(
             connect=timeouts.connect_s,
             read=max(timeouts.first_byte_s, timeouts.between_chunks_s, timeouts.response_s) + 1.0,
             write=timeouts.first_byte_s,
             pool=timeouts.first_byte_s,
         ),
-        limits=httpx.Limits(max_connections=4096, max_keepalive_connections=1024, keepalive_expiry=30.0),
         trust_env=False,  # workers are addressed directly; an HTTP_PROXY in the env must not capture them
         follow_redirects=False,
     )
@@ -75,9 +77,12 @@ class WorkerResponse:
         self.headers = response.headers
         self.first_chunk = first_chunk
         self._response = response
-        # aiter_bytes rather than aiter_raw: workers are asked for identity encoding, but should one
-        # compress anyway, the client gets plain bytes (the gateway does not pass content-encoding).
-        self._iter = response.aiter_bytes()
+        # Workers are asked for identity encoding, but should one compress anyway, aiter_bytes
+        # decodes, so the client gets plain bytes (the gateway does not pass content-encoding).
+        # Otherwise aiter_raw: the same bytes through two fewer generator layers per chunk (but
+        # only aiter_bytes serves a body already read, as a mock transport's may be).
+        whole = "content-encoding" in response.headers or response.is_stream_consumed
+        self._iter = response.aiter_bytes() if whole else response.aiter_raw()
         self._more = more
         self._between_s = between_chunks_s
 
@@ -131,6 +136,7 @@ class WorkerClient:
     def __init__(self, client: httpx.AsyncClient, timeouts: Timeouts) -> None:
         self._client = client
         self._timeouts = timeouts
+        self._urls: dict[tuple[str, str], tuple[httpx.URL, bytes]] = {}  # (URL, Host) per worker and path
 
     async def open(
         self, backend: BackendConfig, path: str, body: bytes, headers: Mapping[str, str], *, stream: bool = True
@@ -142,7 +148,7 @@ class WorkerClient:
         Raises :class:`WorkerStatusError` for a 5xx and another :class:`WorkerError` for a
         connect error, a timeout, or a broken or empty 2xx answer, all with ``before_first_byte=True``.
         """
-        request = self._client.build_request("POST", backend.url + path, content=body, headers=dict(headers))
+        request = self._request(backend, path, body, headers)
         response: httpx.Response | None = None
         limit = self._timeouts.first_byte_s if stream else self._timeouts.response_s
         try:
@@ -165,6 +171,22 @@ class WorkerClient:
             raise WorkerProtocolError(f"worker {backend.name} answered {opened.status_code} with no body",
                                       backend=backend.name)  # fmt: skip
         return opened
+
+    def _request(self, backend: BackendConfig, path: str, body: bytes, headers: Mapping[str, str]) -> httpx.Request:
+        """The request, whole: sent as it is, without the client's default headers and cookies (a
+        worker needs none of them), its URL parsed once per worker and path, and Host and
+        Content-Length set here (``stream=`` rather than ``content=``: httpx then adds nothing).
+        A third of what ``client.build_request`` costs."""
+        found = self._urls.get((backend.url, path))
+        if found is None:
+            url = httpx.URL(backend.url + path)
+            found = self._urls[backend.url, path] = (url, url.netloc)
+        url, host = found
+        head = [(b"host", host), (b"content-length", str(len(body)).encode())]
+        head += [(k.encode(), v.encode()) for k, v in headers.items()]
+        request = httpx.Request("POST", url, headers=head, stream=httpx.ByteStream(body))
+        request.read()  # the body is already bytes: this only records them as the request's content
+        return request
 
     async def _raise_status(self, opened: WorkerResponse) -> NoReturn:
         try:

@@ -3,6 +3,9 @@
 Checks run in the order a caller can act on: the agent (401), the body's size (413), its JSON and
 fields (400), the model (404 unknown, 403 not allowed). The body's bytes are then handed to the
 proxy unchanged.
+
+The completion endpoints are plain ASGI apps (:class:`Completion`), the hot path: no Starlette
+Request or Response objects. Their ClientErrors still leave through the app's exception handler.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
+from router import asgi
 from router.config import AUTO_MODEL
-from router.errors import BadRequest, BodyTooLarge
+from router.errors import BadRequest
 from router.features import build_features, parse_body, resolve_models
-from router.gateway import gateway_of
-from router.middleware import COMPLETION_PATHS, RECORD_KEY, REQUEST_ID_KEY
+from router.gateway import STATE_KEY, Gateway, gateway_of
+from router.middleware import RECORD_KEY, REQUEST_ID_KEY
 from router.proxy import ProxyCall, ProxyResponse
 from router.ratelimit import enforce_rate_limits
 from router.requestlog import RequestRecord
@@ -28,19 +33,12 @@ from router.types import Endpoint
 _CREATED = int(time.time())
 
 
+UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, or BodyTooLarge as soon as it is known to exceed ``limit`` bytes."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"the request body is {declared} bytes; the limit is {limit}")
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
+    return await asgi.read_body(request.receive, request.headers.get("content-length"), limit)
 
 
 def _json(body: bytes) -> Any:
@@ -79,31 +77,42 @@ def _has_lone_surrogate(payload: Any) -> bool:
     return False
 
 
-async def completion(request: Request) -> ProxyResponse:
-    """POST /v1/chat/completions and /v1/completions."""
-    gw = gateway_of(request)
-    endpoint: Endpoint = "chat" if COMPLETION_PATHS[request.url.path] == "chat" else "completions"
-    record: RequestRecord = getattr(request.state, RECORD_KEY)
-    agent = gw.agents.resolve(request.headers)
-    record.agent = agent.name
-    body = await read_body(request, gw.config.gateway.max_body_bytes)
-    payload = _json(body)
-    parsed = parse_body(endpoint, payload)
-    record.requested_model, record.stream = parsed.model, parsed.stream
-    models = resolve_models(gw.config, agent, parsed.model)
-    features = build_features(endpoint, agent, models, parsed, request.headers, gw.next_seq())
-    if gw.predictor is not None:  # the prompt's sketch and prefix affinity, computed once here
-        features = gw.predictor.enrich(features, endpoint, payload, record)
-    await enforce_rate_limits(gw, agent, features, record)
-    record.prompt_tokens = record.prompt_tokens_est = features.prompt_tokens
-    record.max_tokens, record.message_count, record.priority = (
-        features.max_tokens, features.message_count, features.priority,
-    )  # fmt: skip
-    record.slo_ttft_ms, record.slo_tpot_ms, record.slo_e2e_ms = (
-        features.ttft_slo_ms, features.tpot_slo_ms, features.e2e_slo_ms,
-    )  # fmt: skip
-    call = ProxyCall(request.url.path, body, payload, features, getattr(request.state, REQUEST_ID_KEY), record)
-    return ProxyResponse(gw, call)
+class Completion:
+    """POST /v1/chat/completions (``endpoint="chat"``) and /v1/completions, as an ASGI app."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = scope["state"]
+        gw: Gateway = state[STATE_KEY]
+        call = await self.validate(gw, scope, receive, state[RECORD_KEY], state[REQUEST_ID_KEY])
+        await ProxyResponse(gw, call)(scope, receive, send)
+
+    async def validate(self, gw: Gateway, scope: Scope, receive: Receive, record: RequestRecord,
+                       request_id: str) -> ProxyCall:  # fmt: skip
+        """The request as the proxy takes it, its record filled in. Raises ClientError."""
+        endpoint = self.endpoint
+        headers = asgi.header_map(scope)
+        agent = gw.agents.resolve(headers)
+        record.agent = agent.name
+        body = await asgi.read_body(receive, headers.get("content-length"), gw.config.gateway.max_body_bytes)
+        payload = _json(body)
+        parsed = parse_body(endpoint, payload)
+        record.requested_model, record.stream = parsed.model, parsed.stream
+        models = resolve_models(gw.config, agent, parsed.model)
+        features = build_features(endpoint, agent, models, parsed, headers, gw.next_seq())
+        if gw.predictor is not None:  # the prompt's sketch and prefix affinity, computed once here
+            features = gw.predictor.enrich(features, endpoint, payload, record)
+        await enforce_rate_limits(gw, agent, features, record)
+        record.prompt_tokens = record.prompt_tokens_est = features.prompt_tokens
+        record.max_tokens, record.message_count, record.priority = (
+            features.max_tokens, features.message_count, features.priority,
+        )  # fmt: skip
+        record.slo_ttft_ms, record.slo_tpot_ms, record.slo_e2e_ms = (
+            features.ttft_slo_ms, features.tpot_slo_ms, features.e2e_slo_ms,
+        )  # fmt: skip
+        return ProxyCall(UPSTREAM_PATHS[endpoint], body, payload, features, request_id, record)
 
 
 async def list_models(request: Request) -> JSONResponse:

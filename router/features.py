@@ -120,16 +120,22 @@ def resolve_models(config: Config, agent: AgentConfig, requested: str) -> tuple[
 
 
 def _header_float(headers: Mapping[str, str], name: str) -> float | None:
+    text = headers.get(name)
+    if not text:  # the usual case, without the cost of a ValueError
+        return None
     try:
-        v = float(headers.get(name, ""))
+        v = float(text)
     except ValueError:
         return None
     return v if math.isfinite(v) and v > 0 else None
 
 
 def _header_int(headers: Mapping[str, str], name: str) -> int | None:
+    text = headers.get(name)
+    if not text:
+        return None
     try:
-        return max(0, int(headers.get(name, "").strip()))
+        return max(0, int(text.strip()))
     except ValueError:
         return None
 

@@ -1,12 +1,14 @@
 """Gateway metrics in a per-app Prometheus registry (no process globals).
 
-Counters and histograms are updated once per finished request from its :class:`RequestRecord`;
-the fleet gauges are refreshed from the state's snapshot when ``/metrics`` is scraped.
+Counters and histograms are updated once per finished request from its :class:`RequestRecord`,
+through label children resolved once per label values (:class:`_Children`); the fleet gauges are
+refreshed from the state's snapshot when ``/metrics`` is scraped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Generic, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -19,6 +21,24 @@ from router.types import FleetSnapshot
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 NONE = "none"  # label value where a request never got that far (no agent, no worker)
+
+M = TypeVar("M", Counter, Histogram, Gauge)
+
+
+class _Children(Generic[M]):
+    """A labelled metric's children by label values, each looked up through ``labels()`` (which
+    validates and takes a lock on every call) only once. Label values here are configured names,
+    statuses and fixed kinds, so the cache stays as small as the registry's own."""
+
+    def __init__(self, metric: M) -> None:
+        self._metric: M = metric
+        self._cache: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._cache.get(values)
+        if child is None:
+            child = self._cache[values] = self._metric.labels(*values)
+        return child
 
 
 class Metrics:
@@ -51,6 +71,13 @@ class Metrics:
         self.degradations = Counter("chimera_degradations_total", "Requests served degraded, by kind.",
                                     ["agent", "kind"], registry=r)  # fmt: skip
 
+        self._requests = _Children(self.requests)
+        self._ttft = _Children(self.ttft)
+        self._e2e = _Children(self.e2e)
+        self._sla_violations = _Children(self.sla_violations)
+        self._prediction_error = _Children(self.prediction_error)
+        self._worker_failures = _Children(self.worker_failures)
+
         self._state_collector = _StateCollector()
         r.register(self._state_collector)
 
@@ -59,17 +86,17 @@ class Metrics:
         self._state_collector.state = state
 
     def worker_failed(self, backend: str, kind: str) -> None:
-        self.worker_failures.labels(backend, kind).inc()
+        self._worker_failures(backend, kind).inc()
 
     def observe(self, rec: RequestRecord) -> None:
         agent, backend = rec.agent or NONE, rec.backend or NONE
-        self.requests.labels(agent, backend, _status_label(rec)).inc()
+        self._requests(agent, backend, _status_label(rec)).inc()
         if rec.outcome != "ok":
             return
         if rec.ttft_s is not None:
-            self.ttft.labels(agent, backend).observe(rec.ttft_s)
+            self._ttft(agent, backend).observe(rec.ttft_s)
         if rec.e2e_s is not None:
-            self.e2e.labels(agent, backend).observe(rec.e2e_s)
+            self._e2e(agent, backend).observe(rec.e2e_s)
         tpot = rec.tpot_s
         for kind, actual_s, slo_ms in (
             ("ttft", rec.ttft_s, rec.slo_ttft_ms),
@@ -77,12 +104,12 @@ class Metrics:
             ("e2e", rec.e2e_s, rec.slo_e2e_ms),
         ):
             if actual_s is not None and slo_ms is not None and actual_s * 1000.0 > slo_ms:
-                self.sla_violations.labels(agent, kind).inc()
+                self._sla_violations(agent, kind).inc()
         actual_ms = {"ttft_ms": rec.ttft_s, "tpot_ms": tpot, "e2e_ms": rec.e2e_s}
         for key, predicted in (rec.predicted or {}).items():
             actual = actual_ms.get(key)
             if actual:
-                self.prediction_error.labels(key.removesuffix("_ms")).observe(
+                self._prediction_error(key.removesuffix("_ms")).observe(
                     abs(predicted - actual * 1000.0) / (actual * 1000.0)
                 )
 

@@ -3,8 +3,9 @@
 A :class:`RequestRecord` is filled in while a request is served (edge, then proxy) and finished
 once by the request-context middleware. :class:`RequestLog` appends one JSON line per finished
 request to ``gateway.request_log``: lines are buffered in memory and written by a background task
-through a worker thread, so the event loop never waits on the disk. Prompt text and API keys are
-never part of a record.
+through a worker thread, so the event loop never waits on the disk. A line is serialised with
+orjson (a tenth of the stdlib's time; non-ASCII text as UTF-8, not escaped). Prompt text and API keys
+are never part of a record.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
+
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +73,19 @@ class RequestRecord:
         return max(0.0, self.e2e_s - self.ttft_s) / (self.completion_tokens - 1)
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        del out["started"]
+        """The logged fields (all but ``started``) and ``tpot_s``; containers copied, not shared."""
+        # Not dataclasses.asdict: its recursive deep copy cost ~40 us per request.
+        out = {name: getattr(self, name) for name in _LOGGED}
+        for name in ("fleet", "predicted"):
+            if out[name] is not None:
+                out[name] = dict(out[name])
+        if self.sketch is not None:
+            out["sketch"] = list(self.sketch)
         out["tpot_s"] = self.tpot_s
         return out
+
+
+_LOGGED = tuple(f.name for f in fields(RequestRecord) if f.name != "started")
 
 
 class RequestLog:
@@ -81,9 +93,9 @@ class RequestLog:
 
     def __init__(self, path: str | None) -> None:
         self.path = Path(path) if path else None
-        self._buf: list[str] = []
+        self._buf: list[bytes] = []
         self._wake = asyncio.Event()
-        self._file: IO[str] | None = None
+        self._file: IO[bytes] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -96,7 +108,7 @@ class RequestLog:
     def write(self, record: RequestRecord) -> None:
         if self._file is None:
             return
-        self._buf.append(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
+        self._buf.append(_line(record.to_json()))
         if len(self._buf) >= FLUSH_LINES:
             self._wake.set()
 
@@ -104,7 +116,7 @@ class RequestLog:
         """Append a line that is not a request record (e.g. ``{"type": "feedback", ...}``)."""
         if self._file is None:
             return
-        self._buf.append(json.dumps(event, separators=(",", ":")) + "\n")
+        self._buf.append(_line(event))
 
     async def flush(self) -> None:
         lines, self._buf = self._buf, []
@@ -134,11 +146,18 @@ class RequestLog:
                 log.warning("request log %s: %s", self.path, exc)
 
 
-def _open_append(path: Path) -> IO[str]:
+def _line(obj: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:  # what orjson refuses (say an integer beyond 64 bits in a worker's usage)
+        return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def _open_append(path: Path) -> IO[bytes]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    return path.open("a", encoding="utf-8")
+    return path.open("ab")
 
 
-def _write(file: IO[str], lines: list[str]) -> None:
+def _write(file: IO[bytes], lines: list[bytes]) -> None:
     file.writelines(lines)
     file.flush()

@@ -1,4 +1,6 @@
-"""Closed-loop load: N concurrent non-streamed chat requests for D seconds. Usage: load.py URL D N"""
+"""Closed-loop load: N concurrent chat requests for D seconds. Usage: load.py URL D N [json|stream]
+
+With ``stream`` the requests ask for ``stream: true`` and the whole SSE body is read."""
 
 import asyncio
 import sys
@@ -7,8 +9,9 @@ import time
 import httpx2 as httpx
 
 
-async def main(url: str, duration: float, concurrency: int) -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": "hello there " * 20}], "max_tokens": 16}
+async def main(url: str, duration: float, concurrency: int, stream: bool) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello there " * 20}], "max_tokens": 16,
+            "stream": stream}  # fmt: skip
     latencies: list[float] = []
     end = time.perf_counter() + duration
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=concurrency)) as client:
@@ -16,7 +19,8 @@ async def main(url: str, duration: float, concurrency: int) -> None:
         async def loop() -> None:
             while time.perf_counter() < end:
                 t = time.perf_counter()
-                await client.post(url + "/v1/chat/completions", json=body)
+                r = await client.post(url + "/v1/chat/completions", json=body)
+                assert r.status_code == 200, r.text
                 latencies.append(time.perf_counter() - t)
 
         await asyncio.gather(*[loop() for _ in range(concurrency)])
@@ -25,4 +29,4 @@ async def main(url: str, duration: float, concurrency: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], float(sys.argv[2]), int(sys.argv[3])))
+    asyncio.run(main(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4:5] == ["stream"]))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
 import pytest
 
+from router.app import YOUNG_GC_THRESHOLD, serving_gc
 from router.auth import AgentResolver
 from router.errors import Unauthorized
 from router.metrics import Metrics
@@ -110,3 +112,49 @@ async def test_request_log_off_is_a_no_op() -> None:
     await log.start()
     log.write(RequestRecord(request_id="r", endpoint="chat"))
     await log.close()
+
+
+def test_metrics_label_children_are_resolved_once_and_count_alike() -> None:
+    m = Metrics()
+    for _ in range(3):
+        m.observe(RequestRecord(request_id="r", endpoint="chat", agent="a", backend="w", status=200, outcome="ok",
+                                e2e_s=0.2))  # fmt: skip
+    m.worker_failed("w", "WorkerTimeout")
+    m.worker_failed("w", "WorkerTimeout")
+    text = m.render()[0].decode()
+    assert 'chimera_requests_total{agent="a",backend="w",status="200"} 3.0' in text
+    assert 'chimera_e2e_seconds_count{agent="a",backend="w"} 3.0' in text
+    assert 'chimera_worker_failures_total{backend="w",kind="WorkerTimeout"} 2.0' in text
+    assert m._requests("a", "w", "200") is m.requests.labels("a", "w", "200")
+
+
+async def test_request_log_lines_are_utf8_and_survive_what_orjson_refuses(tmp_path: Path) -> None:
+    path = tmp_path / "requests.jsonl"
+    log = RequestLog(str(path))
+    await log.start()
+    rec = RequestRecord(request_id="r", endpoint="chat", requested_model="modèle", fleet={"running": 1},
+                        predicted={"ttft_ms": 12.5}, sketch=[0.5])  # fmt: skip
+    log.write(rec)
+    log.write(RequestRecord(request_id="big", endpoint="chat", completion_tokens=2**70))  # a worker's odd usage
+    log.write_event({"type": "feedback", "request_id": "r", "score": 1.0})
+    await log.close()
+    raw = path.read_bytes()
+    assert "modèle".encode() in raw
+    lines = [json.loads(line) for line in raw.decode().splitlines()]
+    assert lines[0]["fleet"] == {"running": 1} and lines[0]["predicted"] == {"ttft_ms": 12.5}
+    assert lines[1]["completion_tokens"] == 2**70 and lines[2]["type"] == "feedback"
+
+
+def test_record_to_json_copies_its_containers() -> None:
+    rec = RequestRecord(request_id="r", endpoint="chat", fleet={"running": 1}, sketch=[1.0])
+    out = rec.to_json()
+    assert out["fleet"] == rec.fleet and out["fleet"] is not rec.fleet and out["sketch"] is not rec.sketch
+    assert set(out) == {f for f in RequestRecord.__dataclass_fields__ if f != "started"} | {"tpot_s"}
+
+
+def test_serving_gc_freezes_and_raises_the_young_threshold_then_restores() -> None:
+    before = gc.get_threshold()
+    with serving_gc():
+        assert gc.get_threshold()[0] == max(before[0], YOUNG_GC_THRESHOLD)
+        assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -1,0 +1,39 @@
+"""ASGI-level helpers for the gateway's hot routes, which skip Starlette's Request object.
+
+A completion is the gateway's whole reason to exist and runs a thousand times a second, so its
+endpoint reads the scope and ``receive`` directly: the headers once into a dict, the body with
+its size limit. Errors still leave through the app's one exception handler (``router.app``).
+"""
+
+from __future__ import annotations
+
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope
+
+from router.errors import BodyTooLarge
+
+
+def header_map(scope: Scope) -> dict[str, str]:
+    """The request's headers by (lowercase) name; where a name repeats, its first value, as
+    ``starlette.datastructures.Headers.get`` answers."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"])}
+
+
+async def read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
+    """The request body, or BodyTooLarge as soon as it is known to exceed ``limit`` bytes.
+    ClientDisconnect if the caller hangs up before sending all of it."""
+    if content_length and content_length.isdigit() and int(content_length) > limit:
+        raise BodyTooLarge(f"the request body is {content_length} bytes; the limit is {limit}")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
