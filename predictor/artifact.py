@@ -19,7 +19,7 @@ import numpy as np
 import sklearn
 
 FORMAT = "chimera-predictor"
-SCHEMA_VERSION = 1  # bump when feature columns or the Predictor's layout change
+SCHEMA_VERSION = 2  # bump when feature columns or the Predictor's layout change
 
 
 class ArtifactError(ValueError):

@@ -17,6 +17,7 @@ from typing import Any
 
 from predictor.model import Sample
 from predictor.prior import profile_for
+from predictor.sketch import SKETCH_DIM
 from router.types import BackendView, RequestFeatures
 
 
@@ -62,6 +63,7 @@ def remaining_tokens(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 def to_sample(rec: Mapping[str, Any], remaining: int | None = None, score: float | None = None) -> Sample:
     fl = rec["fleet"]
+    sk = rec.get("sketch") or ()  # the 64 dense sketch values, then the task's term ids (predictor.runtime)
     backend, model = rec["backend"], rec["model"]
     features = RequestFeatures(
         agent=rec.get("agent") or "",
@@ -73,7 +75,8 @@ def to_sample(rec: Mapping[str, Any], remaining: int | None = None, score: float
         message_count=int(rec.get("message_count") or 1),
         workflow_id=rec.get("workflow_id"),
         workflow_stage=rec.get("workflow_stage"),
-        sketch=tuple(rec.get("sketch") or ()),
+        sketch=tuple(sk[:SKETCH_DIM]),
+        terms=tuple(int(t) for t in sk[SKETCH_DIM:]),
         prefix_hits={backend: float(fl.get("prefix_share") or 0.0)},
     )
     view = BackendView(

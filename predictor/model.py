@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Self
 
 import numpy as np
+import numpy.typing as npt
 from sklearn.base import BaseEstimator, clone
+from sklearn.linear_model import Ridge
+from sklearn.model_selection import cross_val_predict
 
 from predictor.boosting import Array, require_fitted
 from predictor.latency import LatencyModel, latency_matrix
@@ -33,8 +36,8 @@ from predictor.prior import (
     prior_latency,
     prior_output,
 )
-from predictor.quality import QualityModel
-from predictor.sketch import SKETCH_DIM
+from predictor.quality import QualityModel, term_matrix
+from predictor.sketch import N_TERMS
 from router.types import BackendView, RequestFeatures
 
 
@@ -141,6 +144,10 @@ LENGTH_SLOTS = ((0, 0), (0, 1), (1, 0))
 LATENCY_SLOTS = ((0, 0), (0, 1), (2, 0), (2, 1))
 
 
+TEXT_ALPHA = 300.0  # ridge penalty of the length read-out from task terms (held-out e2e MAPE 41 % at 3, 31 % here)
+TEXT_MIN_SAMPLES = 50
+
+
 def _code(vocab: tuple[str, ...], name: str) -> float:
     try:
         return float(vocab.index(name))
@@ -167,9 +174,10 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
             raise ValueError("no training samples")
         self.agents_ = tuple(sorted({s.features.agent for s in samples}))
         self.models_ = tuple(sorted({s.view.model for s in samples}))
+        text_len = self._fit_text_length(samples)
         X_len = np.asarray([
-            length_row(s.features, _code(self.agents_, s.features.agent), _code(self.models_, s.view.model))
-            for s in samples
+            length_row(s.features, _code(self.agents_, s.features.agent), _code(self.models_, s.view.model), t)
+            for s, t in zip(samples, text_len, strict=True)
         ])  # fmt: skip
         Y_len = np.asarray([[_nan(s.output_tokens), _nan(s.remaining_tokens)] for s in samples])
         self.length_ = clone(self.length if self.length is not None else OutputLengthModel()).fit(X_len, Y_len)
@@ -181,29 +189,48 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
             rows.append(latency_matrix(s.features, (s.view,), (s.profile,), cached, output[i : i + 1], prior)[0])
         Y_lat = np.asarray([[_nan(s.ttft_s), _nan(s.tpot_s), _nan(s.e2e_s)] for s in samples])
         self.latency_ = clone(self.latency if self.latency is not None else LatencyModel()).fit(np.asarray(rows), Y_lat)
-        rated = [s for s in samples if s.score is not None and len(s.features.sketch) == SKETCH_DIM]
-        width = SKETCH_DIM + 2 + len(self.agents_)
-        self.quality_ = clone(self.quality if self.quality is not None else QualityModel()).fit(
-            np.asarray([self._quality_row(s.features) for s in rated]).reshape(len(rated), width),
+        rated = [s for s in samples if s.score is not None]
+        quality = clone(self.quality if self.quality is not None else QualityModel())
+        self.quality_ = quality.fit(
+            term_matrix([s.features.terms for s in rated], np.asarray([_quality_extras(s.features) for s in rated]),
+                        quality.n_terms),
             np.asarray([s.score for s in rated]),
             models=[s.view.model for s in rated],
-        )
+            groups=[s.features.agent for s in rated],
+        )  # fmt: skip
         self.n_samples_ = len(samples)
         return self
 
-    def _quality_row(self, f: RequestFeatures) -> Array:
-        """The quality model's input: the prompt's sketch (its topic words), its size (longer tasks are
-        harder) and workflow stage, and the agent one-hot (per-role quality: a checker's step is easier
-        than the coder's it checks)."""
-        agents = getattr(self, "agents_", ())
-        row = np.zeros(SKETCH_DIM + 2 + len(agents))
-        if len(f.sketch) == SKETCH_DIM:
-            row[:SKETCH_DIM] = f.sketch
-        row[SKETCH_DIM] = math.log1p(f.prompt_tokens) / 8.0
-        row[SKETCH_DIM + 1] = -0.25 if f.workflow_stage is None else min(f.workflow_stage, 8) / 4.0
-        if f.agent in agents:
-            row[SKETCH_DIM + 2 + agents.index(f.agent)] = 1.0
-        return row
+    def _text_rows(self, feats: Sequence[RequestFeatures]) -> Any:
+        onehot = np.asarray([[f.agent == a for a in self.agents_] for f in feats], dtype=np.float64)
+        return term_matrix([f.terms for f in feats], onehot.reshape(len(feats), len(self.agents_)), N_TERMS)
+
+    def _fit_text_length(self, samples: Sequence[Sample]) -> Array:
+        """A ridge regression of log(answer tokens) on the task terms + agent (Chimera's length predictor
+        reads the prompt); returns its *out-of-fold* predictions for the training rows, so the trees that
+        take it as a feature do not learn to over-trust an in-sample fit."""
+        X = self._text_rows([s.features for s in samples])
+        y = np.asarray([math.log(s.output_tokens) if s.output_tokens else math.nan for s in samples])
+        has = np.isfinite(y) & np.asarray([len(s.features.terms) > 0 for s in samples])
+        self.text_coef_ = np.zeros(X.shape[1])
+        self.text_intercept_ = math.nan
+        out = np.full(len(samples), -1.0)
+        if has.sum() < TEXT_MIN_SAMPLES:
+            return out
+        ridge = Ridge(alpha=TEXT_ALPHA)
+        out[has] = cross_val_predict(ridge, X[has], y[has], cv=5)
+        fitted = ridge.fit(X[has], y[has])
+        self.text_coef_, self.text_intercept_ = fitted.coef_.astype(np.float64), float(fitted.intercept_)
+        return out
+
+    def _text_length(self, f: RequestFeatures, t: npt.NDArray[np.int64]) -> float:
+        """The ridge read-out for ``f`` whose term ids are ``t``; -1 without terms or a fit."""
+        if not len(t) or not math.isfinite(getattr(self, "text_intercept_", math.nan)):
+            return -1.0
+        z = self.text_coef_[t[(t >= 0) & (t < N_TERMS)]].sum() + self.text_intercept_
+        if f.agent in self.agents_:
+            z += self.text_coef_[N_TERMS + self.agents_.index(f.agent)]
+        return float(z)
 
     def _output(self, pred: Array, caps: Sequence[int | None]) -> Array:
         """This request's output p50/p90 from the length model's ``(n, targets, quantiles)``."""
@@ -231,7 +258,8 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         # Candidates of one model share a length prediction: predict once per distinct model.
         distinct = list(dict.fromkeys(models))
         codes = np.asarray([_code(self.models_, m) for m in distinct])
-        X_len = length_matrix(features, _code(self.agents_, features.agent), codes)
+        terms = np.fromiter(features.terms, np.int64, len(features.terms))  # once, for length and quality
+        X_len = length_matrix(features, _code(self.agents_, features.agent), codes, self._text_length(features, terms))
         pred = self.length_.predict(X_len, None if full else LENGTH_SLOTS)[[distinct.index(m) for m in models]]
         output = self._output(pred, [features.max_tokens] * len(views))
         remaining = np.where(np.isnan(pred[:, 1, 0]), output[:, 0], pred[:, 1, 0])
@@ -239,8 +267,15 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         X_lat = latency_matrix(features, views, profiles, cached, output, prior)
         learned = self.latency_.predict(X_lat, None if full else LATENCY_SLOTS)
         priors_q = np.asarray([p.quality for p in profiles])
-        quality = self.quality_.predict_proba(self._quality_row(features), models, priors_q)
+        quality = self.quality_.predict_proba(terms, _quality_extras(features), features.agent, models, priors_q)
         return _assemble(prior, output, remaining, quality, learned)
+
+
+def _quality_extras(f: RequestFeatures) -> Array:
+    """The quality model's dense inputs beside the task terms: the prompt's size (longer tasks are
+    harder) and the workflow stage (a later round of a workflow)."""
+    stage = -0.25 if f.workflow_stage is None else min(f.workflow_stage, 8) / 4.0
+    return np.asarray([math.log1p(f.prompt_tokens) / 8.0, stage])
 
 
 def _nan(v: float | None) -> float:

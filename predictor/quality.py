@@ -1,9 +1,19 @@
-"""Quality: each model's probability of a good answer to this prompt.
+"""Quality: each model's probability of a good answer to this prompt (semantic, difficulty-aware routing).
 
-Prior: the profile's ``quality``. Learned from feedback (``POST /v1/feedback``): a logistic
-regression per model on the prompt's hashed sketch, shrunk toward the prior by ``prior_strength``
-pseudo-samples — ``(n · p_model + k · prior) / (n + k)`` — so a model with little feedback keeps
-its prior and one with much feedback follows the data.
+Prior: the profile's ``quality``. Learned from feedback (``POST /v1/feedback``): per agent (role), one
+logistic regression pooled over the models, on the prompt's task terms (the hashed distinct words of
+its task, :func:`predictor.sketch.text_features` — the topic words that make a task hard), a few
+dense extras (prompt size, workflow stage) and a one-hot of the model that answered:
+
+    logit P(good | role, model, prompt) = w_role · terms + v_role · extras + b_role + a_role,model
+
+The text weights are shared by the models (a hard task is hard for everyone; the models differ by an
+offset), so every rated answer teaches the difficulty of its words, whichever model gave it; the
+offsets make a capable model better on every prompt. This is the shape of the simulator's own law
+(``logit = 8 · (quality - difficulty)``) and of Chimera's semantic router (a per-model confidence
+from one prompt encoder). A pooled regression over every role is the fallback for an agent unseen in
+training. Each (role, model) estimate is shrunk toward the profile's prior by ``prior_strength``
+pseudo-samples — ``(n · p + k · prior) / (n + k)`` — and a model without feedback keeps its prior.
 """
 
 from __future__ import annotations
@@ -12,64 +22,108 @@ from collections.abc import Sequence
 from typing import Any, Self
 
 import numpy as np
+from scipy import sparse
 from sklearn.base import BaseEstimator
 from sklearn.linear_model import LogisticRegression
 
 from predictor.boosting import Array, require_fitted
 
+POOLED = "*"  # the group of the regression over every role
+
+
+def term_matrix(terms: Sequence[Sequence[int]], extras: Array, n_terms: int) -> sparse.csr_matrix:
+    """Rows of binary term presence (``n_terms`` columns) followed by the dense ``extras``."""
+    extras = np.asarray(extras, dtype=np.float64)
+    extras = extras.reshape(len(terms), extras.size // max(len(terms), 1))
+    k = extras.shape[1]
+    indptr = np.zeros(len(terms) + 1, dtype=np.int64)
+    cols: list[int] = []
+    for i, t in enumerate(terms):
+        row = [c for c in t if 0 <= c < n_terms]
+        cols += row + list(range(n_terms, n_terms + k))
+        indptr[i + 1] = len(cols)
+    data = np.ones(len(cols))
+    if k:
+        mask = np.asarray(cols) >= n_terms
+        data[mask] = extras.reshape(-1)
+    return sparse.csr_matrix((data, np.asarray(cols, dtype=np.int64), indptr), shape=(len(terms), n_terms + k))
+
 
 class QualityModel(BaseEstimator):  # type: ignore[misc]
-    def __init__(self, C: float = 1.0, prior_strength: float = 30.0, min_samples: int = 20) -> None:
+    def __init__(
+        self, C: float = 0.5, prior_strength: float = 10.0, min_samples: int = 20, n_terms: int = 4096
+    ) -> None:
         self.C = C
         self.prior_strength = prior_strength
         self.min_samples = min_samples
+        self.n_terms = n_terms
 
-    def fit(self, X: Any, y: Any, models: Sequence[str] = ()) -> Self:
-        """``X``: (n, sketch) features; ``y``: 1 for a good answer, 0 for a bad one; ``models``: who answered."""
-        X = np.asarray(X, dtype=np.float64)
+    def fit(self, X: Any, y: Any, models: Sequence[str] = (), groups: Sequence[str] | None = None) -> Self:
+        """``X``: (n, n_terms + extras) from :func:`term_matrix`; ``y``: 1 for a good answer, 0 for a bad
+        one; ``models``: who answered; ``groups``: the asking agent of each row (default: one group)."""
+        X = sparse.csr_matrix(X, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64) >= 0.5
-        names = np.asarray(models)
-        if len(names) != len(X) or len(y) != len(X):
-            raise ValueError("X, y and models must have the same length")
+        names = np.asarray(list(models), dtype=object)
+        roles = np.asarray(list(groups) if groups is not None else [POOLED] * len(names), dtype=object)
+        if not (len(names) == len(roles) == len(y) == X.shape[0]):
+            raise ValueError("X, y, models and groups must have the same length")
+        self.n_features_in_ = X.shape[1]
+        self.models_ = tuple(sorted(set(names.tolist())))
+        self.model_index_ = {m: i for i, m in enumerate(self.models_)}
+        if not len(y):  # no feedback: every model keeps its prior
+            self.groups_: tuple[str, ...] = ()
+            return self
+        m_idx = np.asarray([self.models_.index(m) for m in names], dtype=np.int64)
+        onehot = sparse.csr_matrix(
+            (np.ones(len(names)), (np.arange(len(names)), m_idx)), shape=(len(names), len(self.models_))
+        )
+        Xm = sparse.hstack([X, onehot], format="csr")
         kept: list[str] = []
-        coef: list[Array] = []
-        intercept: list[float] = []
-        counts: list[int] = []
-        for m in sorted(set(names.tolist())):
-            rows = names == m
+        coef, mcoef, intercept, counts = [], [], [], []
+        for g in [*sorted(set(roles.tolist()) - {POOLED}), POOLED]:
+            rows = np.ones(len(y), dtype=bool) if g == POOLED else roles == g
             n = int(rows.sum())
             if n < self.min_samples:
                 continue
-            ym = y[rows]
-            if ym.all() or not ym.any():  # one class: a constant rate, smoothed away from 0 and 1
-                rate = (ym.sum() + 0.5) / (n + 1.0)
-                coef.append(np.zeros(X.shape[1]))
-                intercept.append(float(np.log(rate / (1.0 - rate))))
+            yg = y[rows]
+            if yg.all() or not yg.any():  # one class: a constant rate, smoothed away from 0 and 1
+                rate = (yg.sum() + 0.5) / (n + 1.0)
+                w = np.zeros(Xm.shape[1])
+                b = float(np.log(rate / (1.0 - rate)))
             else:
-                lr = LogisticRegression(C=self.C, max_iter=200).fit(X[rows], ym)
-                coef.append(lr.coef_[0].astype(np.float64))
-                intercept.append(float(lr.intercept_[0]))
-            kept.append(m)
-            counts.append(n)
-        self.n_features_in_ = X.shape[1]
-        self.models_ = tuple(kept)
+                lr = LogisticRegression(C=self.C, max_iter=500).fit(Xm[rows], yg)
+                w, b = lr.coef_[0].astype(np.float64), float(lr.intercept_[0])
+            kept.append(g)
+            coef.append(w[: X.shape[1]])
+            mcoef.append(w[X.shape[1] :])
+            intercept.append(b)
+            counts.append(np.bincount(m_idx[rows], minlength=len(self.models_)).astype(np.float64))
+        self.groups_ = tuple(kept)  # the last is POOLED whenever any group was fitted
         self.coef_ = np.asarray(coef).reshape(len(kept), X.shape[1])
+        self.model_coef_ = np.asarray(mcoef).reshape(len(kept), len(self.models_))
         self.intercept_ = np.asarray(intercept)
-        self.counts_ = np.asarray(counts, dtype=np.float64)
+        self.counts_ = np.asarray(counts).reshape(len(kept), len(self.models_))
         return self
 
-    def predict_proba(self, sketch: Array, models: Sequence[str], priors: Array) -> Array:
-        """P(good) of each of ``models`` answering the prompt whose sketch is ``sketch`` (1-D)."""
-        require_fitted(self, "models_")
+    def predict_proba(self, terms: Array, extras: Array, group: str, models: Sequence[str], priors: Array) -> Array:
+        """P(good) of each of ``models`` answering ``group``'s prompt with task ``terms`` (ids) and
+        ``extras``; ``priors`` where a model had no feedback."""
+        require_fitted(self, "groups_")
         out = np.asarray(priors, dtype=np.float64).copy()
-        if not self.models_ or len(sketch) != self.n_features_in_:
+        if not self.groups_:
             return out
-        z = self.coef_ @ sketch + self.intercept_
-        p = 1.0 / (1.0 + np.exp(-z))
-        k = self.prior_strength
-        for i, m in enumerate(models):
-            if m in self.models_:
-                j = self.models_.index(m)
-                n = self.counts_[j]
-                out[i] = (n * p[j] + k * out[i]) / (n + k)
+        g = self.groups_.index(group) if group in self.groups_ else len(self.groups_) - 1
+        w = self.coef_[g]
+        t = np.asarray(terms, dtype=np.int64)
+        z0 = float(w[t[(t >= 0) & (t < self.n_terms)]].sum() + w[self.n_terms :] @ extras) + self.intercept_[g]
+        index = self.model_index_
+        idx = [index.get(m, -1) for m in models]
+        known: Any = slice(None)
+        j = np.asarray(idx)
+        if min(idx) < 0:  # some model had no feedback: it keeps its prior
+            known = j >= 0
+            j = j[known]
+        n = self.counts_[g, j]
+        p = 1.0 / (1.0 + np.exp(-(z0 + self.model_coef_[g, j])))
+        out[known] = (n * p + self.prior_strength * out[known]) / (n + self.prior_strength)
         return out

@@ -3,7 +3,7 @@
 :class:`PredictorRuntime` is created by ``create_app`` when the policy is ``predictive`` or
 ``gateway.predictor`` is configured. Per request it
 
-* ``enrich``: computes the prompt's sketch and prefix hashes once, looks the hashes up in the local
+* ``enrich``: computes the prompt's sketch, task terms and prefix hashes once, looks the hashes up in the local
   :class:`PrefixIndex` (-> ``features.prefix_hits``) and notes the sketch in the request record;
 * ``dispatched``: records the prompt's blocks against the chosen worker and returns what the log
   needs to rebuild the worker's features (profile, time scale, expected prefix share);
@@ -32,7 +32,7 @@ from predictor.dataset import samples
 from predictor.model import ModelSlot, Predictor, PriorPredictor
 from predictor.prefix import PrefixIndex
 from predictor.prior import WorkerProfile, worker_profiles
-from predictor.sketch import prefix_hashes, prompt_text, sketch
+from predictor.sketch import prefix_hashes, prompt_text, task_text, text_features
 from predictor.window import TrainingWindow
 from router.config import Config, PredictorConfig
 from router.requestlog import RequestRecord
@@ -75,12 +75,13 @@ class PredictorRuntime:
 
     def enrich(self, features: RequestFeatures, endpoint: str, payload: Any, record: RequestRecord) -> RequestFeatures:
         text = prompt_text(endpoint, payload)
-        sk = sketch(text)
+        sk, terms = text_features(text, task_text(endpoint, payload))
         hashes = prefix_hashes(text)
-        record.sketch = [round(x, 4) for x in sk]
+        # The log's sketch: the 64 dense values, then the task's term ids (predictor.dataset splits them).
+        record.sketch = [round(x, 4) for x in sk] + [float(t) for t in terms]
         record.workflow_id, record.workflow_stage = features.workflow_id, features.workflow_stage
         hits = self.prefix.shares(hashes, features.prompt_tokens)
-        return dataclasses.replace(features, sketch=sk, prefix_hashes=hashes, prefix_hits=hits)
+        return dataclasses.replace(features, sketch=sk, terms=terms, prefix_hashes=hashes, prefix_hits=hits)
 
     def dispatched(self, features: RequestFeatures, backend: str) -> dict[str, Any]:
         self.prefix.record(features.prefix_hashes, backend)

@@ -18,14 +18,19 @@ import numpy as np
 from sklearn.feature_extraction.text import HashingVectorizer
 
 SKETCH_DIM = 64
+TERM_BITS = 12  # task terms are hashed into 2**TERM_BITS ids: few collisions among a prompt's distinct words
+N_TERMS = 1 << TERM_BITS
+TASK_CHARS = 2048  # the task terms read the first user message up to here (plus the prompt's tail)
 SKETCH_HEAD_CHARS = 768  # the sketch reads the prompt's head (task, system prompt) and tail (the latest
 SKETCH_TAIL_CHARS = 256  # instruction of a multi-turn prompt): cost is bounded whatever the prompt's size
 WORDS_PER_BLOCK = 16
 MAX_BLOCKS = 256  # prefix hashes cover at most this many leading blocks
 TEXT_CHARS = 64 * 1024  # the text gathered from a body is cut here (prefix blocks beyond are not hashed)
 
-# A callable analyzer skips sklearn's regex tokenizer and preprocessing (the costly part per call).
-_VECTORIZER = HashingVectorizer(n_features=SKETCH_DIM, analyzer=str.split, alternate_sign=True, norm=None)
+# A callable analyzer skips sklearn's regex tokenizer and preprocessing (the costly part per call). One
+# vectorizer serves both the sketch and the terms: murmurhash modulo N_TERMS, folded modulo SKETCH_DIM
+# (a divisor), is the same bucket as modulo SKETCH_DIM directly.
+_VECTORIZER = HashingVectorizer(n_features=N_TERMS, analyzer=str.split, alternate_sign=True, norm=None)
 
 
 def prompt_text(endpoint: str, payload: Any, limit: int = TEXT_CHARS) -> str:
@@ -55,16 +60,43 @@ def prompt_text(endpoint: str, payload: Any, limit: int = TEXT_CHARS) -> str:
     return " ".join(parts)[:limit]
 
 
+def task_text(endpoint: str, payload: Any, limit: int = TASK_CHARS) -> str:
+    """What the request asks: a chat's first user message (a multi-agent workflow's shared task), else
+    the prompt's head; cut at ``limit`` characters."""
+    if endpoint == "chat":
+        for m in payload.get("messages") or ():
+            if isinstance(m, dict) and m.get("role") == "user":
+                content = m.get("content")
+                if isinstance(content, list):
+                    content = " ".join(
+                        p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+                    )
+                return content[:limit] if isinstance(content, str) else ""
+        return ""
+    return prompt_text(endpoint, payload, limit)
+
+
 def sketch(text: str) -> tuple[float, ...]:
     """A :data:`SKETCH_DIM`-dimensional, L2-normalised hashed bag of the lower-cased words of the
     prompt's head and tail."""
+    return text_features(text, "")[0]
+
+
+def text_features(text: str, task: str) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """(the :func:`sketch` of ``text``, the task terms): the sorted distinct hashed ids (< :data:`N_TERMS`)
+    of the lower-cased words of ``task`` and of ``text``'s tail — the prompt's topic words, which the
+    quality model reads (a 64-bucket sketch drowns them among the other words). One vectorizer call."""
     if len(text) > SKETCH_HEAD_CHARS + SKETCH_TAIL_CHARS:
-        text = text[:SKETCH_HEAD_CHARS] + " " + text[-SKETCH_TAIL_CHARS:]
-    m = _VECTORIZER.transform([text.lower()])
+        head_tail = text[:SKETCH_HEAD_CHARS] + " " + text[-SKETCH_TAIL_CHARS:]
+    else:
+        head_tail = text
+    m = _VECTORIZER.transform([head_tail.lower(), (task + " " + text[-SKETCH_TAIL_CHARS:]).lower()])
+    lo, hi = m.indptr[1], m.indptr[2]
     v = np.zeros(SKETCH_DIM)
-    np.add.at(v, m.indices, m.data)
+    np.add.at(v, m.indices[:lo] % SKETCH_DIM, m.data[:lo])
     n = float(np.sqrt(v @ v))
-    return tuple((v / n).tolist()) if n > 0 else (0.0,) * SKETCH_DIM
+    dense = tuple((v / n).tolist()) if n > 0 else (0.0,) * SKETCH_DIM
+    return dense, tuple(np.unique(m.indices[lo:hi]).tolist())
 
 
 def prefix_hashes(text: str, max_blocks: int = MAX_BLOCKS) -> tuple[int, ...]:

@@ -144,6 +144,9 @@ class PolicyOptions(_Frozen):
     affinity_load_ratio: Annotated[float, Field(ge=1.0)] = 2.0  # predictive: prefix affinity ignored above this
     # worker's in-flight requests relative to the least loaded candidate (+ affinity_load_slack)
     affinity_load_slack: NonNegInt = 4
+    # predictive: what a wrong answer costs the workflow (its retry), in modelled seconds like the SLOs;
+    # the policy takes the least e2e + P(wrong) x this (0: Chimera's slack rule alone)
+    wrong_answer_s: Annotated[float, Field(ge=0)] = 2.0
 
 
 class PredictorConfig(_Frozen):

@@ -33,6 +33,7 @@ class RequestFeatures:
     prefix_hashes: tuple[int, ...] = ()  # hashes of the prompt's leading blocks (prefix affinity)
     workflow_stage: int | None = None  # x-workflow-stage: 0 for a workflow's first request
     sketch: tuple[float, ...] = ()  # hashed bag of words of the prompt's head (predictor.sketch)
+    terms: tuple[int, ...] = ()  # hashed ids of the task's distinct words (predictor.sketch.text_features)
     prefix_hits: Mapping[str, float] = field(default_factory=dict)  # worker -> expected cached share
 
 

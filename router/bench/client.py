@@ -1,7 +1,7 @@
 """The bench's clients: the official async ``openai`` SDK, one request per agent step, streamed.
 
 Each role's requests go out as the config's agent of that name: with its first API key as the
-Bearer token, else with the ``X-Agent`` header (and ``x-workflow-id`` always). TTFT is measured
+Bearer token, else with the ``X-Agent`` header (and ``x-workflow-id`` / ``x-workflow-stage`` always). TTFT is measured
 here, at the first content token the client receives; e2e when the stream ends. When the config has
 a ``gateway.predictor`` (the gateway learns online), every answer's verdict (it ends with
 ``[correct]``) is posted back as ``POST /v1/feedback {"request_id", "correct"}`` (the request id from
@@ -100,8 +100,8 @@ class AgentClients:
                 "/v1/feedback", json={"request_id": rec.request_id, "correct": correct}, headers=self._auth[rec.agent]
             )
 
-    async def send(self, step: Step, workflow_id: str, t0: float) -> tuple[RequestRecord, str]:
-        """Stream one step; return its record and the answer's text."""
+    async def send(self, step: Step, workflow_id: str, t0: float, stage: int = 0) -> tuple[RequestRecord, str]:
+        """Stream one step (``stage``: its index in the workflow); return its record and the answer's text."""
         rec = RequestRecord(workflow_id, step.agent, time.monotonic() - t0, prompt_tokens=step.prompt_words)
         client = self._clients[step.agent]
         parts: list[str] = []
@@ -110,7 +110,7 @@ class AgentClients:
             raw = await client.chat.completions.with_raw_response.create(
                 model="auto", messages=step.messages, max_tokens=step.max_tokens, stream=True,
                 stream_options={"include_usage": True}, extra_body={"sim": step.sim},
-                extra_headers={"x-workflow-id": workflow_id},
+                extra_headers={"x-workflow-id": workflow_id, "x-workflow-stage": str(stage)},
             )  # fmt: skip
             rec.request_id = raw.headers.get("x-request-id")
             stream = raw.parse()
@@ -141,7 +141,7 @@ async def run_workflow(clients: AgentClients, wf: Workflow, log: RunLog, t0: flo
     rec = WorkflowRecord(wf.id, wf.kind, time.monotonic() - t0)
     log.workflows.append(rec)
     while (step := wf.next_step()) is not None:
-        req, text = await clients.send(step, wf.id, t0)
+        req, text = await clients.send(step, wf.id, t0, wf.steps)
         log.requests.append(req)
         on_request(1)
         rec.steps += 1

@@ -2,13 +2,16 @@
 
 For every eligible worker the predictor (captured at construction, in a :class:`ModelSlot` that a
 background refit may swap) gives p90 TTFT / TPOT / e2e and the probability of a good answer. The
-rule is SLA-aware: among the workers predicted to meet the request's SLA (``ttft_slo_ms``,
-``tpot_slo_ms``, ``e2e_slo_ms``; predictions divided by each worker's ``time_scale``, since SLOs are
-in modelled time) and the agent's ``min_quality``, it prefers the highest predicted quality; the
-``latency_slack`` (Chimera's "most capable within slack x the fastest's p90 e2e") only breaks ties
-among candidates of similar quality (within :data:`QUALITY_BAND` of the best), and is the whole rule
-when no SLA is set. If nobody meets the SLA, the least predicted lateness wins. The rest of the
-ranking (retry fallbacks) follows the same order.
+rule is SLA-aware and difficulty-aware: among the workers predicted to meet the request's SLA
+(``ttft_slo_ms``, ``tpot_slo_ms``, ``e2e_slo_ms``; predictions divided by each worker's
+``time_scale``, since SLOs are in modelled time) and the agent's ``min_quality``, it takes the least
+*expected cost*: predicted e2e p50 plus the chance of a wrong answer times what a wrong answer costs
+the workflow (``wrong_answer_s``, modelled seconds: the check that catches it, a retry round, the
+risk that the task fails). With a per-prompt quality model this sends easy steps to fast small
+models and hard ones to capable models — Chimera's slack rule, with the slack set by how much better
+the capable model is *on this prompt*. ``wrong_answer_s: 0`` gives Chimera's plain rule
+(the most capable within ``latency_slack`` x the fastest's p90 e2e). If nobody meets the SLA, the
+least predicted lateness wins. The rest of the ranking (retry fallbacks) follows the same order.
 
 Prefix affinity enters as the expected cached share of the prompt on each worker (lower predicted
 TTFT there), with a load guard: a worker carrying more than ``affinity_load_ratio`` x the least
@@ -43,11 +46,17 @@ def guarded_shares(features: RequestFeatures, views: tuple[BackendView, ...], op
     return np.where(load > limit, 0.0, shares)
 
 
-QUALITY_BAND = 0.2  # candidates within this of the best predicted quality count as "similar quality"
-
-
-def rank(p: Prediction, features: RequestFeatures, slack: float, scale: Array | None = None) -> tuple[list[int], str]:
+def rank(
+    p: Prediction, features: RequestFeatures, slack: float, scale: Array | None = None, wrong_ms: float = 0.0
+) -> tuple[list[int], str]:
     """Candidate indices, best first, and why the first was chosen.
+
+    Among the candidates predicted to meet the SLA and ``min_quality`` (all, without an SLA):
+    ``wrong_ms`` > 0 — the least expected cost ``e2e p50 + (1 - quality) x wrong_ms`` (what a wrong
+    answer costs the workflow: the check that catches it, a retry round, the risk that the task fails);
+    ``wrong_ms`` = 0 — Chimera's rule, the most capable within ``slack`` x the fastest's p90 e2e. Then
+    the other SLA-meeting candidates by the same key,
+    then the rest by predicted lateness.
 
     ``scale``: each worker's ``time_scale`` (wall seconds per modelled second); SLOs are in modelled
     time, so predictions are divided by it before they are compared with them. (Plain Python over the
@@ -67,24 +76,17 @@ def rank(p: Prediction, features: RequestFeatures, slack: float, scale: Array | 
     ok = [i for i in range(n) if late[i] <= 0.0]
     if not ok:
         return sorted(range(n), key=lambda i: (late[i], e2e90[i])), "least_late"
-    has_sla = bool(slos)
-    # With an SLA: the best predicted quality among those meeting it; the slack picks among similar
-    # quality (within QUALITY_BAND of the best). Without one: Chimera's rule over every candidate.
-    if has_sla:
-        top = max(quality[i] for i in ok)
-        pool = [i for i in ok if quality[i] >= top - QUALITY_BAND]
-    else:
-        pool = ok
-    fastest = min(e2e90[i] for i in pool)
-    best = min((i for i in pool if e2e90[i] <= slack * fastest), key=lambda i: (-quality[i], e2e90[i]))
-    # Fallbacks: other SLA-meeting workers by quality then e2e (or by e2e without an SLA), then the
-    # rest by lateness.
-    rest_ok = sorted(
-        (i for i in ok if i != best), key=(lambda i: (-quality[i], e2e90[i])) if has_sla else e2e90.__getitem__
-    )
     rest_bad = sorted((i for i in range(n) if late[i] > 0.0), key=lambda i: (late[i], e2e90[i]))
-    why = "fastest" if best == min(ok, key=e2e90.__getitem__) else ("quality" if has_sla else "slack")
-    return [best, *rest_ok, *rest_bad], why
+    fastest = min(ok, key=e2e90.__getitem__)
+    if wrong_ms > 0.0:
+        e2e50: list[float] = (p.e2e[:, 0] * k).tolist()
+        cost = {i: e2e50[i] + (1.0 - quality[i]) * wrong_ms for i in ok}
+        order = sorted(ok, key=cost.__getitem__)
+        return [*order, *rest_bad], ("fastest" if order[0] == fastest else "quality")
+    limit = slack * e2e90[fastest]
+    best = min((i for i in ok if e2e90[i] <= limit), key=lambda i: (-quality[i], e2e90[i]))
+    rest_ok = sorted((i for i in ok if i != best), key=e2e90.__getitem__)
+    return [best, *rest_ok, *rest_bad], ("fastest" if best == fastest else "slack")
 
 
 def make_predictive(
@@ -96,7 +98,7 @@ def make_predictive(
     backend name (default: guessed from each worker's model name)."""
     slot = slot or ModelSlot(PriorPredictor())
     profiles = dict(profiles or {})
-    slack = options.latency_slack
+    slack, wrong_ms = options.latency_slack, options.wrong_answer_s * 1e3
 
     def predictive(features: RequestFeatures, snapshot: FleetSnapshot) -> Decision:
         views = snapshot.backends
@@ -105,7 +107,7 @@ def make_predictive(
         worker_profiles = profiles_by_model(profiles, views)
         p = slot.current.predict(features, views, worker_profiles, guarded_shares(features, views, options))
         scale = np.fromiter((w.time_scale for w in worker_profiles), np.float64, len(views))
-        order, why = rank(p, features, slack, scale)
+        order, why = rank(p, features, slack, scale, wrong_ms)
         i = order[0]
         predicted = {
             "ttft_ms": float(p.ttft[i, 0] * 1e3), "ttft_p90_ms": float(p.ttft[i, 1] * 1e3),

@@ -5,7 +5,7 @@
 
 Times ``policy(features, snapshot)`` (the whole decision: features of 8 workers, both packed
 forests, quality, the slack rule, the Decision) and, for reference, the per-request text features
-the gateway computes once (sketch + prefix hashes of a ~600-word chat prompt).
+the gateway computes once (sketch, task terms and prefix hashes of a coder step of the bench's codegen workload).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import numpy as np
 from predictor import artifact
 from predictor.model import ModelSlot, PriorPredictor
 from predictor.prior import profile_for
-from predictor.sketch import prefix_hashes, prompt_text, sketch
+from predictor.sketch import prefix_hashes, prompt_text, task_text, text_features
+from router.bench.workloads import make_workflow
 from router.config import PolicyOptions
 from router.policies.predictive import make_predictive
 from router.types import BackendView, FleetSnapshot, RequestFeatures
@@ -51,16 +52,24 @@ def main() -> None:
         for i in range(8)
     )  # fmt: skip
     policy = make_predictive(PolicyOptions(), ModelSlot(est), {v.name: profile_for(None, v.model, 4.0) for v in views})
-    task = "Task: implement a tokenizer module in Python. " * 60
-    body = {"messages": [{"role": "system", "content": "You are the coder. " * 10}, {"role": "user", "content": task}]}
+    wf = make_workflow("codegen", 1, 0)  # a coder step of the bench's workload: task, plan, instruction
+    plan = wf.next_step()
+    assert plan is not None
+    wf.record(plan, "plan " * 120 + "[correct]")
+    step = wf.next_step()
+    assert step is not None
+    body = {"messages": step.messages}
     text = prompt_text("chat", body)
-    f = RequestFeatures(agent="coder", endpoint="chat", models=MODELS, prompt_tokens=700, max_tokens=2048,
-                        stream=True, message_count=2, ttft_slo_ms=6000, e2e_slo_ms=160000, sketch=sketch(text),
-                        prefix_hits={"w2": 0.5})  # fmt: skip
+    sk, terms = text_features(text, task_text("chat", body))
+    f = RequestFeatures(agent="coder", endpoint="chat", models=MODELS, prompt_tokens=len(text.split()),
+                        max_tokens=2048, stream=True, message_count=len(step.messages), ttft_slo_ms=6000,
+                        e2e_slo_ms=160000, sketch=sk, terms=terms, prefix_hits={"w2": 0.5})  # fmt: skip
     snap = FleetSnapshot(views)
     p50, p99 = timeit(lambda: policy(f, snap), args.n)
     print(f"decision over 8 workers ({type(est).__name__}): p50 {p50:.0f} us  p99 {p99:.0f} us")
-    p50, p99 = timeit(lambda: (sketch(prompt_text("chat", body)), prefix_hashes(text)), args.n // 5)
+    p50, p99 = timeit(
+        lambda: (text_features(prompt_text("chat", body), task_text("chat", body)), prefix_hashes(text)), args.n // 5
+    )
     print(f"per-request text features ({len(text.split())} words): p50 {p50:.0f} us  p99 {p99:.0f} us")
 
 

@@ -89,6 +89,10 @@ def test_with_a_gateway_predictor_the_bench_posts_each_verdict_as_feedback(tmp_p
     feedback = [r for r in lines if r.get("type") == "feedback"]
     assert feedback and {r["request_id"] for r in feedback} <= requests
     assert {r["score"] for r in feedback} <= {0.0, 1.0}
+    stages: dict[str, list[int]] = {}  # x-workflow-stage: 0, 1, 2, ... within each workflow
+    for r in sorted((r for r in lines if r.get("endpoint")), key=lambda r: r["ts"]):
+        stages.setdefault(r["workflow_id"], []).append(r["workflow_stage"])
+    assert stages and all(s == list(range(len(s))) for s in stages.values())
 
 
 def test_replicas_share_one_port_and_redis_state(tmp_path: Path, redis_prefix: str) -> None:

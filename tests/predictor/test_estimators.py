@@ -17,8 +17,8 @@ from predictor.dataset import samples
 from predictor.forest import PackedForest
 from predictor.latency import LatencyModel
 from predictor.length import OutputLengthModel
-from predictor.model import Predictor
-from predictor.quality import QualityModel
+from predictor.model import Predictor, _quality_extras
+from predictor.quality import QualityModel, term_matrix
 from tests.predictor.synth import records
 
 SMALL = {"max_iter": 15, "min_samples": 20}
@@ -50,7 +50,7 @@ def test_not_fitted_errors() -> None:
     with pytest.raises(NotFittedError):
         OutputLengthModel().predict(np.zeros((1, 3)))
     with pytest.raises(NotFittedError):
-        QualityModel().predict_proba(np.zeros(4), ["m"], np.asarray([0.5]))
+        QualityModel().predict_proba(np.zeros(4, dtype=int), np.zeros(2), "a", ["m"], np.asarray([0.5]))
 
 
 def test_fit_returns_self_and_learns_state(fitted: Predictor) -> None:
@@ -66,9 +66,39 @@ def test_fit_returns_self_and_learns_state(fitted: Predictor) -> None:
 
 def test_quality_learns_from_feedback(fitted: Predictor) -> None:
     s = samples(records(1))[0]
-    q = fitted.quality_.predict_proba(fitted._quality_row(s.features), ["qwen2.5-7b", "qwen2.5-0.5b", "unseen"],
+    f = s.features
+    q = fitted.quality_.predict_proba(f.terms, _quality_extras(f), f.agent, ["qwen2.5-7b", "qwen2.5-0.5b", "unseen"],
                                       np.asarray([0.5, 0.5, 0.42]))  # fmt: skip
     assert q[0] > 0.7 and q[1] < 0.3 and q[2] == 0.42
+
+
+def test_quality_learns_which_words_make_a_task_hard() -> None:
+    """The simulator's law: logit P(correct) = 8 (quality - difficulty), difficulty set by a topic word
+    among filler words; one regression per role pooled over the models learns the words' difficulty."""
+    rng = np.random.default_rng(0)
+    topics = {11: 0.1, 12: 0.3, 13: 0.5, 14: 0.7, 15: 0.9}
+    quality = {"small": 0.6, "big": 0.8}
+    terms, y, models, roles = [], [], [], []
+    for _ in range(3000):
+        topic = int(rng.choice(list(topics)))
+        model = str(rng.choice(list(quality)))
+        role = str(rng.choice(["coder", "tester"]))
+        d = topics[topic] * (1.0 if role == "coder" else 0.4)
+        terms.append([topic, *rng.choice(np.arange(100, 300), size=40, replace=False).tolist()])
+        y.append(rng.random() < 1.0 / (1.0 + np.exp(-8.0 * (quality[model] - d))))
+        models.append(model)
+        roles.append(role)
+    qm = QualityModel(C=1.0).fit(term_matrix(terms, np.zeros((len(y), 0)), 4096), y, models, roles)
+    assert qm.groups_ == ("coder", "tester", "*")
+
+    def p(topic: int, role: str) -> np.ndarray:
+        return qm.predict_proba(np.asarray([topic, *range(100, 140)]), np.zeros(0), role, ["small", "big", "x"],
+                                np.asarray([0.5, 0.5, 0.5]))  # fmt: skip
+
+    easy, hard = p(11, "coder"), p(15, "coder")
+    assert easy[0] > 0.75 and hard[0] < 0.35 and hard[1] > hard[0] + 0.1  # difficulty- and model-aware
+    assert p(15, "tester")[0] > hard[0] + 0.2  # the same words are easier for the tester
+    assert p(13, "nobody")[2] == 0.5  # an unseen model keeps its prior; an unseen role uses the pooled fit
 
 
 def test_decision_subset_of_models_equals_the_full_prediction(fitted: Predictor) -> None:

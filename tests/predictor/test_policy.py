@@ -13,7 +13,7 @@ from predictor.model import ModelSlot, Prediction, Predictor
 from predictor.prior import WorkerProfile, profile_for
 from router.config import PolicyOptions
 from router.policies import get_policy
-from router.policies.predictive import QUALITY_BAND, guarded_shares, make_predictive
+from router.policies.predictive import guarded_shares, make_predictive
 from router.types import BackendView, FleetSnapshot, RequestFeatures
 from tests.predictor.synth import records
 
@@ -38,8 +38,9 @@ TABLE = {"fast": (1000, 100, 0.5), "good": (1250, 150, 0.8), "best": (1400, 120,
 
 
 def decide(features: RequestFeatures, table: dict[str, tuple[float, float, float]] = TABLE, slack: float = 1.3,
-           views: tuple[BackendView, ...] = VIEWS) -> tuple[str, ...]:  # fmt: skip
-    policy = make_predictive(PolicyOptions(latency_slack=slack), ModelSlot(Fixed(table)))
+           views: tuple[BackendView, ...] = VIEWS, wrong_s: float = 0.0) -> tuple[str, ...]:  # fmt: skip
+    options = PolicyOptions(latency_slack=slack, wrong_answer_s=wrong_s)
+    policy = make_predictive(options, ModelSlot(Fixed(table)))
     d = policy(features, FleetSnapshot(views))
     assert set(d.predicted) >= {"ttft_ms", "e2e_ms", "quality", "output_tokens"}
     return d.ranked
@@ -50,49 +51,41 @@ def feats(**kw: object) -> RequestFeatures:
                            stream=True, **kw)  # type: ignore[arg-type]  # fmt: skip
 
 
-def test_most_capable_within_slack_of_the_fastest() -> None:
+def test_chimera_rule_most_capable_within_slack_of_the_fastest() -> None:
     assert decide(feats())[0] == "good"  # best is 1.4x the fastest: outside the 1.3 slack
     assert decide(feats(), slack=1.5)[0] == "best"
     assert decide(feats(), slack=1.0)[0] == "fast"
     assert decide(feats())[1:] == ("fast", "best", "slow")  # fallbacks by predicted e2e
 
 
+def test_expected_cost_weighs_the_chance_of_a_wrong_answer() -> None:
+    # e2e p50 (0.8 x p90): fast 800, good 1000, best 1120, slow 4000 ms; a wrong answer costs 3.2 s.
+    assert decide(feats(), wrong_s=3.2) == ("best", "good", "fast", "slow")  # 1280 < 1640 < 2400 < 4032
+    assert decide(feats(), wrong_s=0.4)[0] == "fast"  # 1000 < 1080 < 1140: a wrong answer is cheap
+    easy = {name: (e2e, ttft, 0.97 + 0.005 * i) for i, (name, (e2e, ttft, _)) in enumerate(TABLE.items())}
+    assert decide(feats(), easy, wrong_s=3.2)[0] == "fast"  # everyone gets it right: the fastest
+    assert PolicyOptions().wrong_answer_s > 0  # the default rule
+
+
 def test_sla_and_min_quality_filter_before_the_rule() -> None:
-    assert decide(feats(ttft_slo_ms=130))[0] == "best"  # good misses the TTFT objective; best is the best left
+    assert decide(feats(ttft_slo_ms=130), wrong_s=3.2)[0] == "best"  # good misses the TTFT objective
+    assert decide(feats(ttft_slo_ms=130))[0] == "fast"  # Chimera's rule: best is outside the slack
     assert decide(feats(min_quality=0.9))[0] == "best"
-    assert decide(feats(e2e_slo_ms=1100))[0] == "fast"  # the only one predicted to meet it
-
-
-def test_with_an_sla_the_best_quality_that_meets_it_wins_beyond_the_slack() -> None:
-    table = {"fast": (1000, 100, 0.5), "good": (1250, 150, 0.6), "best": (3500, 120, 0.95), "slow": (9000, 900, 0.99)}
-    assert decide(feats(), table)[0] == "good"  # no SLA: Chimera's slack rule
-    assert decide(feats(e2e_slo_ms=4000), table)[0] == "best"  # 3.5x the fastest, but it meets the SLA
-    assert decide(feats(e2e_slo_ms=3000), table)[0] == "good"  # best would be late
-    # Fallbacks: the other SLA-meeting workers by quality, then the late ones by lateness.
-    assert decide(feats(e2e_slo_ms=4000), table) == ("best", "good", "fast", "slow")
-
-
-def test_slack_breaks_ties_among_similar_quality() -> None:
-    # good and best are within QUALITY_BAND: the slack picks best only when it is not much slower.
-    table = {"fast": (1000, 100, 0.5), "good": (1250, 150, 0.8), "best": (3000, 120, 0.9)}
-    views = VIEWS[:3]
-    assert QUALITY_BAND >= 0.1
-    assert decide(feats(e2e_slo_ms=4000), table, views=views)[0] == "good"  # best is 2.4x good's p90 e2e
-    assert decide(feats(e2e_slo_ms=4000), table, slack=2.5, views=views)[0] == "best"
-    near = {**table, "best": (1500, 120, 0.9)}
-    assert decide(feats(e2e_slo_ms=4000), near, views=views)[0] == "best"  # within 1.3x of good
+    assert decide(feats(e2e_slo_ms=1100), wrong_s=3.2)[0] == "fast"  # the only one predicted to meet it
+    # Fallbacks: the other SLA-meeting workers by expected cost, then the late ones by lateness.
+    assert decide(feats(e2e_slo_ms=1300), wrong_s=3.2) == ("good", "fast", "best", "slow")
 
 
 def test_tpot_slo_is_checked() -> None:
     # The stub's TPOT p90 is TTFT p90 / 10: fast 10, good 15, best 12, slow 90 ms.
     assert decide(feats(tpot_slo_ms=11))[0] == "fast"
-    assert decide(feats(tpot_slo_ms=13))[0] == "best"
+    assert decide(feats(tpot_slo_ms=13), wrong_s=3.2)[0] == "best"
 
 
 def test_slos_are_compared_in_modelled_time() -> None:
     # A sim at speedup 0.5 (time_scale 2): wall-clock predictions are twice the modelled ones.
     slow_clock = {v.name: profile_for(None, "qwen2.5-7b", 2.0) for v in VIEWS}
-    policy = make_predictive(PolicyOptions(), ModelSlot(Fixed(TABLE)), slow_clock)
+    policy = make_predictive(PolicyOptions(wrong_answer_s=1.6), ModelSlot(Fixed(TABLE)), slow_clock)
     assert policy(feats(e2e_slo_ms=800), FleetSnapshot(VIEWS)).ranked[0] == "best"  # 1400 wall = 700 modelled
     assert decide(feats(e2e_slo_ms=800))[0] == "fast"  # at time_scale 1 nobody meets it: least lateness
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from predictor.prefix import PrefixIndex
-from predictor.sketch import SKETCH_DIM, WORDS_PER_BLOCK, prefix_hashes, prompt_text, sketch
+from predictor.sketch import (
+    N_TERMS,
+    SKETCH_DIM,
+    WORDS_PER_BLOCK,
+    prefix_hashes,
+    prompt_text,
+    sketch,
+    task_text,
+    text_features,
+)
 from predictor.window import TrainingWindow
 
 WORDS = " ".join(f"w{i}" for i in range(200))
@@ -25,6 +34,24 @@ def test_sketch_is_normalised_deterministic_and_bounded() -> None:
     assert sketch("write THE code thoroughly") == tuple(a.tolist())  # lower-cased
     assert sketch("") == (0.0,) * SKETCH_DIM
     assert len(sketch("word " * 100_000)) == SKETCH_DIM
+
+
+def test_task_terms_read_the_first_user_message_and_the_tail() -> None:
+    body = {"messages": [{"role": "system", "content": "charter " + "team preamble " * 50},
+                         {"role": "user", "content": "Task: implement a compiler module"},
+                         {"role": "assistant", "content": "coder: tok1 tok2 [wrong]"},
+                         {"role": "user", "content": "As the tester, report."}]}  # fmt: skip
+    assert task_text("chat", body) == "Task: implement a compiler module"
+    assert task_text("chat", {"messages": [{"role": "system", "content": "x"}]}) == ""
+    text = prompt_text("chat", body)
+    dense, terms = text_features(text, task_text("chat", body))
+    assert dense == sketch(text)  # the same sketch as before, from the same vectorizer call
+    assert list(terms) == sorted(set(terms)) and all(0 <= t < N_TERMS for t in terms)
+    _, compiler = text_features("", "compiler")
+    _, wrong = text_features("", "[wrong]")
+    assert set(compiler) <= set(terms) and set(wrong) <= set(terms)  # the topic and the tail's verdict
+    _, charter = text_features("", "charter")
+    assert not set(charter) <= set(terms)  # the system preamble's head is not the task
 
 
 def test_prefix_hashes_are_chained_over_full_blocks() -> None:
