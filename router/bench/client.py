@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from router.bench.workloads import CORRECT, Step, Workflow, make_workflow
+from router.bench.workloads import Step, Workflow, make_workflow
 from router.config import Config
 from router.errors import ChimeraError
 
@@ -51,6 +51,7 @@ class WorkflowRecord:
     end: float | None = None
     steps: int = 0
     success: bool = False
+    success_strict: bool = False  # and the answer the last check passed was itself correct
     error: bool = False
 
 
@@ -149,9 +150,10 @@ async def run_workflow(clients: AgentClients, wf: Workflow, log: RunLog, t0: flo
             rec.error = True
             break
         wf.record(step, text)
-        await clients.post_feedback(req, text.rstrip().endswith(CORRECT))
+        await clients.post_feedback(req, wf.answer_was_good(step, text))  # a checker: its verdict was right
     rec.end = time.monotonic() - t0
     rec.success = not rec.error and wf.succeeded  # its last answer ended with [correct]
+    rec.success_strict = not rec.error and wf.succeeded_strict
 
 
 def poisson_arrivals(rate: float, horizon_s: float, seed: int) -> list[float]:

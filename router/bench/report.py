@@ -47,6 +47,7 @@ COLUMNS = (  # header, path, format
     ("SLA", "sla_attainment", "{:.1%}"),
     ("goodput", "goodput_rps", "{:.2f}"),
     ("success", "task_success", "{:.1%}"),
+    ("strict", "task_success_strict", "{:.1%}"),
     ("prefix hit", "prefix_cache_hit_rate", "{:.1%}"),
 )
 

@@ -91,6 +91,7 @@ def summarize(log: RunLog, config: Config, *, warmup_s: float, duration_s: float
         "sla_attainment": _share(len(good), len(reqs)),
         "goodput_rps": round(sum(meets_sla(r, config, sla_scale) for r in in_window) / window, 3),
         "task_success": _share(sum(w.success for w in measured_wf), len(measured_wf)),
+        "task_success_strict": _share(sum(w.success_strict for w in measured_wf), len(measured_wf)),
         "workflows": len(measured_wf),
         "workflow_errors": sum(w.error for w in measured_wf),
         "by_agent": by_agent,

@@ -24,7 +24,8 @@ see (the agent, the prompt's length, its words) without being readable from the 
 Workloads: ``codegen`` (planner → rounds of coder → tester until the tester's answer is
 ``[correct]``, at most 4 rounds), ``math`` (solver → verifier, at most 2 rounds), ``mixed`` (each
 workflow codegen or math with equal odds), ``chat`` (one request). A workflow succeeds when its
-last answer ends with ``[correct]``. Everything is drawn from ``random.Random(f"{seed}:{index}")``:
+last answer ends with ``[correct]`` (*strict*: and the answer that last check passed was itself
+correct — a checker can pass a wrong answer). Everything is drawn from ``random.Random(f"{seed}:{index}")``:
 the same seed and index give the same workflow whatever the arrival order.
 """
 
@@ -183,6 +184,17 @@ class Workflow:
     @property
     def succeeded(self) -> bool:
         return bool(self.last_verdict)
+
+    @property
+    def succeeded_strict(self) -> bool:
+        """The last check passed an answer that was itself correct (a check can pass a wrong answer)."""
+        return bool(self.last_verdict) and (self.kind == "chat" or self.last_ok)
+
+    def answer_was_good(self, step: Step, text: str) -> bool:
+        """Whether ``step``'s answer (already recorded) was good: for a checker, that its verdict agrees
+        with the truth of the answer it checked; for everyone else, that it ended with ``[correct]``."""
+        ok = text.rstrip().endswith(CORRECT)
+        return ok == self.last_ok if step.agent in ("tester", "verifier") else ok
 
     def _next_role(self) -> str | None:
         if self.kind == "chat":

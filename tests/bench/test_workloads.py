@@ -73,3 +73,36 @@ def test_sim_fields_correlate_with_visible_features() -> None:
     assert np.corrcoef([r[4] for r in coders], [r[6].difficulty for r in coders])[0, 1] > 0.3
     assert 0.12 < np.mean(chat_long) < 0.28  # ~20 % long documents
     assert all(ROLES[r[0]].max_tokens > r[4] for r in rows if r[0] != "chat")
+
+
+def _answer(step: Step, verdict: str) -> str:
+    return " ".join(["tok1"] * step.output_tokens) + f" [{verdict}]"
+
+
+def test_a_check_that_passes_a_wrong_answer_is_not_strict_success_and_rates_the_checker_wrong() -> None:
+    """A tester can say ``[correct]`` about a wrong implementation: the workflow then ends as a success by
+    the last answer, not strictly; the feedback the bench posts rates that checker's answer as bad (its
+    verdict disagreed with the truth), and a checker that rejects a wrong answer as good."""
+    for coder_verdict, tester_verdict, strict, checker_good in (
+        ("wrong", "correct", False, False),  # a false pass
+        ("correct", "correct", True, True),  # a true pass
+    ):
+        wf = make_workflow("codegen", 1, 0)
+        for verdict in ("correct", coder_verdict, tester_verdict):  # planner, coder, tester
+            step = wf.next_step()
+            assert step is not None
+            text = _answer(step, verdict)
+            wf.record(step, text)
+        assert step.agent == "tester" and wf.next_step() is None
+        assert wf.succeeded and wf.succeeded_strict is strict
+        assert wf.answer_was_good(step, text) is checker_good
+    wf = make_workflow("math", 1, 0)
+    solver = wf.next_step()
+    assert solver is not None
+    wf.record(solver, _answer(solver, "wrong"))
+    assert wf.answer_was_good(solver, _answer(solver, "wrong")) is False
+    verifier = wf.next_step()
+    assert verifier is not None and verifier.agent == "verifier"
+    wf.record(verifier, _answer(verifier, "wrong"))  # rightly rejects the wrong solution
+    assert wf.answer_was_good(verifier, _answer(verifier, "wrong")) is True
+    assert not wf.succeeded and not wf.succeeded_strict
