@@ -7,9 +7,16 @@ python scripts/real_vllm.py configs examples/h200-real.yaml --real-out R.yaml [-
     S: the same fleet as simulated workers (profile, the real KV budget, the same seeds); the
        backends keep their `gpu:`, so those on one GPU share one simulated GPU clock (one
        `chimera sim` process); --own-gpus drops `gpu:` and gives each its own (the first run)
+python scripts/real_vllm.py bench --speedup X --config S.yaml --workload W --policy P --rate R --duration D
+        --warmup W --drain T --seed N --out DIR
+    `chimera bench` of the sim fleet slowed down by X (< 1: the sims at speedup X, so a loaded CPU keeps up):
+    rate x X, durations / X, and the very arrival times of the run at speedup 1 (the H200's) divided by X;
+    the bench seeds its Poisson draw with the rate, so a plain `--rate R*X` would be another draw
 python scripts/real_vllm.py merge OUT.json DIR...       the results.json entries of several benches
-python scripts/real_vllm.py table --real R.json --sim S.json [--markdown]
+python scripts/real_vllm.py table --real R.json [R2.json ...] --sim S.json [S2.json ...]
     TTFT, TPOT, e2e p50/p99 per policy, sim (scaled to modelled H200 time) against real
+python scripts/real_vllm.py per-backend OUT.json [--speedup X] LABEL=GLOB...
+    TPOT/TTFT p50 per worker from the gateway's request logs (x X: modelled H200 time)
 """
 
 from __future__ import annotations
@@ -57,6 +64,24 @@ def cmd_configs(args: argparse.Namespace) -> None:
             if args.own_gpus:
                 b.pop("gpu", None)
         Path(args.sim_out).write_text(yaml.safe_dump(sim, sort_keys=False))
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from router.bench import client
+    from router.bench.cli import run
+
+    x = args.speedup
+    h200_arrivals = client.poisson_arrivals
+
+    def arrivals(rate: float, horizon_s: float, seed: int) -> list[float]:
+        return [t / x for t in h200_arrivals(args.rate, horizon_s * x, seed)]
+
+    client.poisson_arrivals = arrivals  # the bench looks it up at call time
+    run(argparse.Namespace(
+        config=args.config, workload=args.workload, policies=(args.policy,), rate=(args.rate * x,), users=None,
+        duration=args.duration / x, warmup=args.warmup / x, drain=args.drain / x, seed=args.seed, seeds=None,
+        out=args.out, speedup=x, no_plots=True, replicas=args.replicas, no_pin=False,
+    ))  # fmt: skip
 
 
 def cmd_merge(args: argparse.Namespace) -> None:
@@ -107,8 +132,8 @@ def table(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list[s
 
 
 def cmd_table(args: argparse.Namespace) -> None:
-    real = json.loads(Path(args.real).read_text())
-    sim = json.loads(Path(args.sim).read_text())
+    real = [e for f in args.real for e in json.loads(Path(f).read_text())]
+    sim = [e for f in args.sim for e in json.loads(Path(f).read_text())]
     rows, diffs = table(real, sim)
     print("\n".join(rows))
     if diffs:
@@ -132,8 +157,8 @@ def cmd_per_backend(args: argparse.Namespace) -> None:
                 mine = [r for r in ok if r["backend"] == b]
                 out.setdefault(key, {})[b] = {
                     "requests": len(mine),
-                    "tpot_ms_p50": round(1000 * statistics.median(r["tpot_s"] for r in mine), 2),
-                    "ttft_ms_p50": round(1000 * statistics.median(r["ttft_s"] for r in mine), 1),
+                    "tpot_ms_p50": round(1000 * args.speedup * statistics.median(r["tpot_s"] for r in mine), 2),
+                    "ttft_ms_p50": round(1000 * args.speedup * statistics.median(r["ttft_s"] for r in mine), 1),
                 }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     for key, backends in out.items():
@@ -151,18 +176,31 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--sim-out")
     c.add_argument("--speedup", type=float, default=1.0)
     c.add_argument("--own-gpus", action="store_true", help="sim: one GPU per worker (drop gpu:)")
+    bn = sub.add_parser("bench", help="chimera bench of a sim fleet slowed down by --speedup, same arrivals")
+    bn.add_argument("--speedup", type=float, required=True)
+    bn.add_argument("--config", required=True)
+    bn.add_argument("--workload", required=True)
+    bn.add_argument("--policy", required=True)
+    bn.add_argument("--rate", type=float, required=True, help="workflows/s in H200 time")
+    bn.add_argument("--duration", type=float, required=True, help="H200 seconds (likewise --warmup, --drain)")
+    bn.add_argument("--warmup", type=float, required=True)
+    bn.add_argument("--drain", type=float, required=True)
+    bn.add_argument("--seed", type=int, required=True)
+    bn.add_argument("--replicas", type=int, default=1, help="gateway replicas (the config's state must be redis)")
+    bn.add_argument("--out", required=True)
     m = sub.add_parser("merge")
     m.add_argument("out")
     m.add_argument("dirs", nargs="+")
     t = sub.add_parser("table")
-    t.add_argument("--real", required=True)
-    t.add_argument("--sim", required=True)
+    t.add_argument("--real", required=True, nargs="+", help="one or more JSON lists of bench entries")
+    t.add_argument("--sim", required=True, nargs="+")
     pb = sub.add_parser("per-backend")
     pb.add_argument("out")
+    pb.add_argument("--speedup", type=float, default=1.0, help="the sims' speedup (latencies x it: H200 time)")
     pb.add_argument("runs", nargs="+", help="LABEL=GLOB of request logs")
     args = p.parse_args(argv)
-    commands = {"backends": cmd_backends, "configs": cmd_configs, "merge": cmd_merge, "table": cmd_table,
-                "per-backend": cmd_per_backend}  # fmt: skip
+    commands = {"backends": cmd_backends, "configs": cmd_configs, "bench": cmd_bench, "merge": cmd_merge,
+                "table": cmd_table, "per-backend": cmd_per_backend}  # fmt: skip
     commands[args.cmd](args)
     return 0
 

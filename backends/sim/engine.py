@@ -157,7 +157,7 @@ class Batch:
     requests: list[Request] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)
     duration: float = 0.0
-    gpu: float = 0.0  # of which the GPU is busy (the rest: eager launches on the CPU); for SharedGPU
+    gpu: float = 0.0  # of which the GPU is busy (the rest: CPU work and eager launches); for SharedGPU
 
 
 class Engine:
@@ -179,6 +179,7 @@ class Engine:
         self.stats = EngineStats()
         self._wake = asyncio.Event()
         self._ttft_overhead = profile.ttft_overhead_s / speedup
+        self._gpu_share = profile.gpu_share
         cg = profile.cudagraph
         # steps scheduling more than this many tokens run without CUDA graphs (0: no limit)
         self._graph_max = cg.max_tokens if cg is not None else 0
@@ -308,7 +309,7 @@ class Engine:
                 + c.prefill_attn_mtok2 * attn / 1e6
             )
             tokens = self.max_num_batched_tokens - budget
-            batch.gpu = seconds / self.speedup
+            batch.gpu = seconds * self._gpu_share / self.speedup
             if self._graph_max and tokens > self._graph_max:
                 floor = self._eager_floor
                 seconds = (seconds if seconds > floor else floor) + self._eager_extra + self._eager_per_token * tokens

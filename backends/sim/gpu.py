@@ -1,17 +1,20 @@
-"""Engines that share one GPU: one clock, the GPU's time divided among the steps in flight.
+"""Engines that share one GPU: one clock, the GPU handed round in time slices.
 
 Several vLLM processes on one GPU (no MPS) cannot run their kernels at the same time: the driver
-time-slices the GPU between their contexts. Each engine still schedules its own steps, but the GPU
-work of a step (``Batch.gpu``, ``d`` seconds alone) progresses at ``1/k`` of its speed while ``k``
-engines have GPU work in flight (processor sharing, the limit of time slices short against a
-step). Two engines decoding all the time therefore each see a step of ``2 d``; an idle neighbour
-costs nothing. A step that runs without CUDA graphs (the profile's ``cudagraph`` cliff) is mostly
-kernel launches from the CPU: only its linear-model part is GPU work, done after the launch-bound
-rest (``duration - gpu``), which neither waits for nor slows down the others.
+time-slices the GPU between their contexts. Each engine still schedules its own steps; a step is
+**CPU work** first (scheduler, sampler, graph launch; the profile's ``1 - gpu_share`` of the step, and
+the launch-bound rest of an eager step), its own and never shared, then **GPU work**
+(``Batch.gpu``). Contexts with GPU work take **turns in round-robin order**: a turn lasts
+``min(remaining GPU work, timeslice)``; a context whose turn ends with work left goes to the back of
+the queue, and handing the GPU to another context first costs ``switch`` seconds. A context alone
+keeps the GPU (no switch, no cut), so an idle neighbour costs nothing.
 
-Measured on an H200 (docs/REAL_VLLM.md) with three busy workers: the 7B slowed down 3.3x and the
-small ones ~2.2x, each in proportion to its own step, as processor sharing has it (whole steps
-taken in turn would give every busy worker the same inter-token time, the sum of the steps).
+The consequences measured on an H200 (``scripts/calibrate/colocate.py``, docs/CALIBRATION.md): small
+workers whose GPU work fits in one slice lock-step (equal inter-token times, about the sum of their
+GPU parts plus the others' turns), and a step longer than a slice (the 7B's ~4.5 ms) needs several
+turns and waits for every neighbour's turn between them (three busy workers at batch 8: the 7B 3.2x its own
+step, the small ones 1.9-2.6x). Processor sharing (each step stretched in proportion to its own length,
+this module's first model) cannot give both.
 
 :class:`SharedGPU` runs the steps of its engines in place of each :meth:`Engine.run`; an engine
 alone keeps its own loop (no cost added to the one-worker-per-GPU path).
@@ -21,94 +24,171 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+from collections import deque
 from collections.abc import Sequence
 
 from backends.sim.engine import Batch, Engine
 
-_EPS = 1e-9
+#: The driver's timeslice and the cost of handing the GPU to another context, in real H200 seconds
+#: (divided by ``speedup``). Fitted on ``scripts/calibrate/data/colocate-h200.json`` (vLLM 0.26.0,
+#: 2026-11-29): ``python scripts/calibrate/colocate.py fit ...``, joint fit over batches 1 and 8.
+TIMESLICE_S = 0.00144
+SWITCH_S = 0.0005
+
+_EPS = 1e-12
 
 
 class _Step:
-    __slots__ = ("batch", "cpu", "gpu")
+    __slots__ = ("batch", "cpu_end", "gpu")
 
-    def __init__(self, batch: Batch) -> None:
+    def __init__(self, batch: Batch, t: float) -> None:
         self.batch = batch
-        self.gpu = min(batch.gpu, batch.duration) if batch.gpu > 0 else batch.duration  # GPU seconds to do
-        self.cpu = batch.duration - self.gpu  # launch-bound seconds to do first (not shared)
+        self.gpu = min(batch.gpu, batch.duration)  # GPU seconds left to do
+        self.cpu_end = t + batch.duration - self.gpu  # when its CPU part ends (then it queues for the GPU)
 
 
 class SharedGPU:
     """One GPU time line for several engines (all in one event loop)."""
 
-    def __init__(self, engines: Sequence[Engine]) -> None:
+    def __init__(self, engines: Sequence[Engine], timeslice: float = TIMESLICE_S, switch: float = SWITCH_S) -> None:
         if not engines:
             raise ValueError("a shared GPU needs at least one engine")
+        if timeslice <= 0 or switch < 0:
+            raise ValueError(f"timeslice must be > 0 and switch >= 0, got {timeslice}, {switch}")
         self.engines = list(engines)
+        speedup = self.engines[0].speedup
+        self.timeslice = timeslice / speedup
+        self.switch = switch / speedup
         self._wake = asyncio.Event()
         for e in self.engines:
             e._wake = self._wake  # any arrival wakes the GPU's loop
+        self._steps: dict[Engine, _Step] = {}
+        self._cpu: list[Engine] = []  # engines whose step is in its CPU part
+        self._queue: deque[Engine] = deque()  # engines waiting for a GPU turn, in turn order
+        self._cur: Engine | None = None  # the engine whose turn it is
+        self._last: Engine | None = None  # whose context the GPU last ran
+        self._turn_start = 0.0  # when the current turn's GPU work began
+        self._turn_end = 0.0
 
-    def _start(self, steps: dict[Engine, _Step], t: float) -> None:
+    # -- the model, in schedule time (no I/O; tests drive it directly) --------------------------
+    def start(self, t: float) -> None:
         """Schedule a step at ``t`` on every engine that has work and no step in flight."""
+        steps = self._steps
         for e in self.engines:
             if e not in steps and not e.idle:
                 batch = e.schedule(t)
                 if batch.requests:
-                    steps[e] = _Step(batch)
+                    step = steps[e] = _Step(batch, t)
+                    if step.cpu_end <= t:
+                        self._enqueue(e, t)
+                    else:
+                        self._cpu.append(e)
+        if self._cur is None:
+            self._next_turn(t)
 
-    @staticmethod
-    def _advance(steps: dict[Engine, _Step], dt: float, k: int) -> None:
-        """``dt`` seconds pass with ``k`` steps sharing the GPU."""
-        for s in steps.values():
-            if s.cpu > _EPS:
-                s.cpu -= dt
+    def _enqueue(self, e: Engine, t: float) -> None:
+        """``e`` has GPU work from ``t``: it waits for a turn. A turn longer than a slice (the GPU was
+        the current context's alone) now ends at the next slice boundary."""
+        self._queue.append(e)
+        cur = self._cur
+        if cur is not None and self._turn_end - self._turn_start > self.timeslice:
+            slices = max(1, math.ceil((t - self._turn_start) / self.timeslice - 1e-9))
+            q = self._turn_start + slices * self.timeslice
+            if q < self._turn_end:
+                self._steps[cur].gpu += self._turn_end - q  # not done after all
+                self._turn_end = q
+
+    def _next_turn(self, t: float) -> None:
+        if not self._queue:
+            return
+        e = self._cur = self._queue.popleft()
+        step = self._steps[e]
+        begin = t + (self.switch if self._last is not None and self._last is not e else 0.0)
+        # alone, the whole remainder in one turn (cut at a slice boundary if someone queues)
+        run = step.gpu if not self._queue else min(step.gpu, self.timeslice)
+        step.gpu -= run
+        self._turn_start, self._turn_end = begin, begin + run
+        self._last = e
+
+    def next_event(self) -> float:
+        """When the model next changes by itself (a CPU part or a turn ends); inf when nothing runs."""
+        t = min((self._steps[e].cpu_end for e in self._cpu), default=float("inf"))
+        return min(t, self._turn_end) if self._cur is not None else t
+
+    def advance(self, t: float) -> list[Engine]:
+        """Process every event up to ``t``; returns the engines whose step ended (to commit at ``t``)."""
+        done: list[Engine] = []
+        while True:
+            cpu = min(self._cpu, key=lambda e: self._steps[e].cpu_end, default=None)
+            cpu_t = self._steps[cpu].cpu_end if cpu is not None else float("inf")
+            turn_t = self._turn_end if self._cur is not None else float("inf")
+            if min(cpu_t, turn_t) > t + _EPS:
+                return done
+            if cpu is not None and cpu_t < turn_t:
+                self._cpu.remove(cpu)
+                if self._steps[cpu].gpu <= _EPS:
+                    done.append(cpu)  # no GPU work at all
+                    continue
+                self._enqueue(cpu, cpu_t)
+                if self._cur is None:
+                    self._next_turn(cpu_t)
+                continue
+            e = self._cur
+            assert e is not None
+            self._cur = None
+            if self._steps[e].gpu <= _EPS:
+                done.append(e)
             else:
-                s.gpu -= dt / k
+                self._queue.append(e)
+            self._next_turn(turn_t)
 
+    def pop(self, e: Engine) -> Batch:
+        return self._steps.pop(e).batch
+
+    # -- the clock --------------------------------------------------------------------------------
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         wake = self._wake
-        steps: dict[Engine, _Step] = {}
-        t = loop.time()  # the schedule: every step in flight has progressed up to t
+        t = loop.time()  # the schedule: every event up to t has been processed
         while True:
-            self._start(steps, t)
-            if not steps:
+            self.start(t)
+            if not self._steps:
                 wake.clear()
                 await wake.wait()
                 t = loop.time()
                 continue
-            k = sum(1 for s in steps.values() if s.cpu <= _EPS) or 1
-            dt = min(s.cpu if s.cpu > _EPS else s.gpu * k for s in steps.values())
-            end = t + max(dt, 0.0)  # the next phase change, if nothing joins before
-            # Sleep until then; an arrival on an engine without a step in flight joins at the moment
-            # it is seen (and slows the others down from then on).
+            end = self.next_event()
+            # Sleep until then; an arrival on an engine without a step in flight starts a step at the
+            # moment it is seen (its CPU part first, then it queues for the GPU).
             joined = False
             while True:
                 wake.clear()
                 delay = end - loop.time()
                 if delay <= 0:
                     break
-                if len(steps) == len(self.engines):
+                if len(self._steps) == len(self.engines):
                     await asyncio.sleep(delay)
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), delay)
                 now = loop.time()
-                if now < end and any(e not in steps and not e.idle for e in self.engines):
-                    self._advance(steps, now - t, k)
+                if now < end and any(e not in self._steps and not e.idle for e in self.engines):
                     t = now
                     joined = True
                     break
             if joined:
+                self._commit(self.advance(t), t, loop.time())
                 continue
-            self._advance(steps, end - t, k)
             t = end
-            done = [e for e, s in steps.items() if s.cpu <= _EPS and s.gpu <= _EPS]
-            if done:
-                lag = loop.time() - end
-                for e in done:
-                    batch = steps.pop(e).batch
-                    st = e.stats
-                    st.last_lag = lag
-                    st.lag.observe(lag)
-                    e.commit(batch, end)
+            self._commit(self.advance(t), t, loop.time())
+
+    def _commit(self, done: list[Engine], t: float, now: float) -> None:
+        if not done:
+            return
+        lag = now - t
+        for e in done:
+            st = e.stats
+            st.last_lag = lag
+            st.lag.observe(lag)
+            e.commit(self.pop(e), t)

@@ -80,6 +80,9 @@ class Profile:
     provenance: dict[str, Any]
     cudagraph: CudaGraph | None = None
     frontend: Frontend | None = None
+    #: The share of the linear model's step time that is GPU work (the rest is the engine's CPU work:
+    #: scheduler, sampler, launches). Matters only for workers that share a GPU (backends/sim/gpu.py).
+    gpu_share: float = 1.0
 
 
 def available_profiles() -> list[str]:
@@ -133,6 +136,7 @@ def parse_profile(raw: Any, source: str = "<profile>") -> Profile:
             provenance=provenance if isinstance(provenance, dict) else {},
             cudagraph=_cudagraph(source, raw),
             frontend=_frontend(source, raw),
+            gpu_share=_share(source, raw.get("gpu_share", 1.0)),
         )
     except KeyError as exc:
         raise ProfileError(f"profile {source}: missing key {exc.args[0]!r}") from exc
@@ -147,6 +151,13 @@ def _section(source: str, raw: dict[str, Any], key: str, known: tuple[str, ...])
     if unknown:
         raise ProfileError(f"profile {source}: unknown {key} key(s) {', '.join(unknown)}")
     return sec
+
+
+def _share(source: str, value: Any) -> float:
+    share = _number(source, "gpu_share", value, minimum=0.0)
+    if share > 1.0:
+        raise ProfileError(f"profile {source}: gpu_share must be in [0, 1], got {share}")
+    return share
 
 
 def _cudagraph(source: str, raw: dict[str, Any]) -> CudaGraph | None:

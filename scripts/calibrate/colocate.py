@@ -3,15 +3,20 @@
     python scripts/calibrate/colocate.py probe --out colocate.json \\
         qwen2.5-0.5b=http://127.0.0.1:8001 qwen2.5-1.5b=http://127.0.0.1:8002 qwen2.5-7b=http://127.0.0.1:8003
     python scripts/calibrate/colocate.py fit colocate.json
+    python scripts/calibrate/colocate.py compare colocate.json colocate-sim.json --sim-speedup 0.25
 
 For each batch size and each subset of the workers (each alone, every pair, all), ``batch`` closed-loop
 users per worker of the subset send non-streamed ``--tokens``-token completions (``ignore_eos``) of a
 ``--prompt``-token prompt, back to back; each worker's own inter-token latency histogram (server side,
 so the client's speed does not matter) over a window where every worker of the subset is busy gives
-its TPOT. The ratio of a worker's TPOT in a subset
-to its TPOT alone is its slowdown; `fit_gpu_share` turns those into the share of a decode step that is
-GPU work (time-sliced among the processes) rather than CPU work (scheduler, sampler, launches), under
-the sim's processor-sharing model (`backends/sim/gpu.py`).
+its TPOT.
+
+`fit` explains those TPOTs with the time-slice model of `backends/sim/gpu.py`: each worker's step alone
+(its TPOT alone) is CPU work (scheduler, sampler, launches; not shared) followed by GPU work (a share ``g`` of
+the step); the driver gives the GPU to the contexts with work in round-robin turns of at most ``q`` (the
+timeslice), and handing it to another context costs ``switch``. It fits ``q``, ``switch`` and ``g`` per
+worker for each batch alone, and jointly over ``--joint`` batches (one share per worker: the sim's profile
+data), and prints real / model TPOT per phase.
 """
 
 from __future__ import annotations
@@ -84,47 +89,142 @@ async def phase(workers: dict[str, str], subset: tuple[str, ...], batch: int, pr
     return out
 
 
-def fit_gpu_share(phases: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per worker and batch: the GPU share ``g`` of its step that explains its slowdowns best.
+def timeslice_periods(cpu: dict[str, float], gpu: dict[str, float], q: float, switch: float,
+                      horizon: float = 600.0, jitter: float = 0.1, seed: int = 0) -> dict[str, float]:  # fmt: skip
+    """Mean step period of each worker decoding back to back on one time-sliced GPU (the model of
+    `backends/sim/gpu.py`, here as a closed loop in milliseconds).
 
-    Under processor sharing, with every worker of a subset decoding all the time, worker i's step is
-    ``c_i + g_i * s_i`` where ``s_i`` is its GPU-work stretch; solved numerically per subset (a fixed
-    point over the steps' overlap), ``g`` picked from a grid by least squared error of the slowdowns.
+    A step is ``cpu[m]`` of CPU work (its own, not shared), then ``gpu[m]`` of GPU work. Contexts with GPU
+    work take turns in round-robin order; a turn lasts ``min(remaining, q)``; handing the GPU to a different
+    context first costs ``switch``; a context whose turn ends with work left goes to the back of the queue.
+    Each CPU part is drawn uniformly within ``±jitter`` of its mean (seeded): real CPU work varies, and exact
+    ties between workers would make the fit pick knife-edge parameters.
     """
+    rng = random.Random(seed)
+    names = list(cpu)
+    cpu_end: dict[str, float | None] = {m: cpu[m] * k / len(names) for k, m in enumerate(names)}  # staggered
+    rem = dict.fromkeys(names, 0.0)
+    queue: list[str] = []
+    done: dict[str, list[float]] = {m: [] for m in names}
+    cur: str | None = None
+    last: str | None = None
+    t = turn_end = 0.0
+    while t < horizon:
+        ready = [(v, m) for m, v in cpu_end.items() if v is not None]
+        first = min(ready) if ready else (float("inf"), "")
+        if cur is not None and turn_end <= first[0]:
+            t, m = turn_end, cur
+            cur = None
+            if rem[m] <= 1e-12:
+                done[m].append(t)
+                cpu_end[m] = t + cpu[m] * (1.0 + jitter * (2.0 * rng.random() - 1.0))
+            else:
+                queue.append(m)
+        else:
+            t, m = first
+            cpu_end[m] = None
+            rem[m] = gpu[m]
+            queue.append(m)
+        if cur is None and queue:
+            cur = queue.pop(0)
+            run = min(rem[cur], q)
+            rem[cur] -= run
+            turn_end = t + (switch if last not in (None, cur) else 0.0) + run
+            last = cur
+    out = {}
+    for m, ts in done.items():
+        ts = [x for x in ts if x > 0.25 * horizon]
+        out[m] = (ts[-1] - ts[0]) / (len(ts) - 1) if len(ts) > 1 else float("nan")
+    return out
+
+
+def _predict(phases: list[dict[str, Any]], alone: dict[tuple[str, int], float], share: dict[tuple[str, int], float],
+             q: float, switch: float) -> list[dict[str, float]]:  # fmt: skip
+    """Predicted TPOT (ms) of every worker of every phase: its step alone split into ``share`` GPU work and the
+    rest CPU, run through `timeslice_periods`."""
+    out = []
+    for p in phases:
+        b, sub = p["batch"], p["subset"]
+        if len(sub) == 1:
+            out.append({sub[0]: alone[(sub[0], b)]})
+            continue
+        g = {m: share[(m, b)] * alone[(m, b)] for m in sub}
+        out.append(timeslice_periods({m: alone[(m, b)] - g[m] for m in sub}, g, q, switch))
+    return out
+
+
+def fit_timeslice(phases: list[dict[str, Any]], batches: list[int], per_batch_share: bool = False,
+                  seed: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Least squares over the relative TPOT errors of the shared phases of ``batches``: the timeslice ``q`` and
+    context-switch cost (ms, one each), and the GPU share of a step per worker (per worker and batch with
+    ``per_batch_share``). Bounded, seeded differential evolution (the error is piecewise smooth in ``q``: a
+    step's number of turns jumps), polished by Nelder-Mead."""
+    from scipy.optimize import differential_evolution, minimize
+
     alone = {(p["subset"][0], p["batch"]): p["tpot_ms"][p["subset"][0]] for p in phases if len(p["subset"]) == 1}
-    fits: dict[str, dict[str, float]] = {}
-    batches = sorted({p["batch"] for p in phases})
-    for b in batches:
-        together = [p for p in phases if p["batch"] == b and len(p["subset"]) > 1]
-        models = sorted({m for p in together for m in p["subset"]})
-        grid = [i / 20 for i in range(21)]
-        best: tuple[float, dict[str, float]] | None = None
-        for shares in itertools.product(grid, repeat=len(models)):
-            g = dict(zip(models, shares, strict=True))
-            err = 0.0
-            for p in together:
-                pred = _shared_steps({m: alone[(m, b)] for m in p["subset"]}, {m: g[m] for m in p["subset"]})
-                err += sum((pred[m] / p["tpot_ms"][m] - 1.0) ** 2 for m in p["subset"])
-            if best is None or err < best[0]:
-                best = (err, g)
-        assert best is not None
-        for m, share in best[1].items():
-            fits.setdefault(m, {})[f"b{b}"] = share
-    return fits
+    shared = [p for p in phases if p["batch"] in batches and len(p["subset"]) > 1]
+    models = sorted({m for m, _ in alone})
+    keys = [(m, b) for m in models for b in batches] if per_batch_share else [(m, 0) for m in models]
+
+    def unpack(x: Any) -> tuple[float, float, dict[tuple[str, int], float]]:
+        g = dict(zip(keys, (float(v) for v in x[2:]), strict=True))
+        return float(x[0]), float(x[1]), {(m, b): g[(m, b if per_batch_share else 0)] for m in models for b in batches}
+
+    def err(x: Any) -> float:
+        q, sw, share = unpack(x)
+        if not (0.2 <= q and 0.0 <= sw and all(0.0 <= v <= 1.0 for v in share.values())):
+            return 1e9
+        pred = _predict(shared, alone, share, q, sw)
+        return sum((pr[m] / p["tpot_ms"][m] - 1.0) ** 2 for p, pr in zip(shared, pred, strict=True) for m in pr)
+
+    bounds = [(0.5, 4.0), (0.0, 0.5)] + [(0.2, 1.0)] * len(keys)
+    de = differential_evolution(err, bounds, seed=seed, maxiter=60, popsize=12, tol=1e-6, polish=False)
+    nm = minimize(err, de.x, method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-8, "maxiter": 3000})
+    x = nm.x if nm.fun < de.fun else de.x
+    q, sw, share = unpack(x)
+    return {"batches": batches, "timeslice_ms": round(q, 3), "switch_ms": round(sw, 3),
+            "gpu_share": {f"{m}@{b}" if per_batch_share else m: round(share[(m, b)], 3)
+                          for m in models for b in (batches if per_batch_share else batches[:1])},
+            "share": share, "sse": round(float(err(x)), 5)}  # fmt: skip
 
 
-def _shared_steps(step: dict[str, float], share: dict[str, float], rounds: int = 200) -> dict[str, float]:
-    """Steady-state step times when every worker decodes continuously: the GPU part of each step is
-    stretched by the expected number of workers with GPU work in flight (itself + the others' GPU duty)."""
-    cur = dict(step)
-    for _ in range(rounds):
-        nxt = {}
-        for m in step:
-            # the fraction of time o has GPU work in flight: its (stretched) GPU part over its step
-            others = sum((cur[o] - (1.0 - share[o]) * step[o]) / cur[o] for o in step if o != m)
-            nxt[m] = step[m] * (1.0 - share[m]) + step[m] * share[m] * (1.0 + others)
-        cur = {m: 0.5 * cur[m] + 0.5 * nxt[m] for m in step}
-    return cur
+def error_table(phases: list[dict[str, Any]], fit: dict[str, Any]) -> list[str]:
+    """Markdown rows: per shared phase, real / model TPOT (ms) and the error, for the phases whose batch the
+    fit has a share for (so a joint fit can be checked on another batch by passing its shares)."""
+    alone = {(p["subset"][0], p["batch"]): p["tpot_ms"][p["subset"][0]] for p in phases if len(p["subset"]) == 1}
+    share = fit["share"]
+    shared = [p for p in phases if len(p["subset"]) > 1 and all((m, p["batch"]) in share for m in p["subset"])]
+    pred = _predict(shared, alone, share, fit["timeslice_ms"], fit["switch_ms"])
+    rows = ["| batch | workers | TPOT real / model, ms (error) | max error |", "| --- | --- | --- | --- |"]
+    for p, pr in zip(shared, pred, strict=True):
+        errs = {m: pr[m] / p["tpot_ms"][m] - 1.0 for m in p["subset"]}
+        cells = ", ".join(f"{m.removeprefix('qwen2.5-')} {p['tpot_ms'][m]:.2f} / {pr[m]:.2f} ({100 * e:+.0f}%)"
+                          for m, e in errs.items())  # fmt: skip
+        rows.append(f"| {p['batch']} | {'+'.join(m.removeprefix('qwen2.5-') for m in p['subset'])} | {cells} "
+                    f"| {100 * max(abs(e) for e in errs.values()):.0f}% |")  # fmt: skip
+    return rows
+
+
+def compare(
+    real: list[dict[str, Any]], sim: list[dict[str, Any]], sim_speedup: float
+) -> tuple[list[str], list[tuple[bool, float]]]:
+    """Markdown rows, real / sim TPOT per phase and worker (sim x ``sim_speedup``: H200 time), and every error
+    (with whether the worker shared the GPU in that phase)."""
+    by_key = {(p["batch"], tuple(p["subset"])): p for p in sim}
+    rows = ["| batch | workers | TPOT real / sim, ms (Δ) |", "| --- | --- | --- |"]
+    errs: list[tuple[bool, float]] = []
+    for r in real:
+        s = by_key.get((r["batch"], tuple(r["subset"])))
+        if s is None:
+            continue
+        cells = []
+        for m in r["subset"]:
+            a, b = r["tpot_ms"][m], s["tpot_ms"][m] * sim_speedup
+            errs.append((len(r["subset"]) > 1, b / a - 1.0))
+            cells.append(f"{m.removeprefix('qwen2.5-')} {a:.2f} / {b:.2f} ({100 * (b / a - 1.0):+.0f}%)")
+        names = "+".join(m.removeprefix("qwen2.5-") for m in r["subset"])
+        rows.append(f"| {r['batch']} | {names} | {', '.join(cells)} |")
+    return rows, errs
 
 
 async def probe(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -153,9 +253,23 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--tokens", type=int, default=200)
     pr.add_argument("--seed", type=int, default=1)
     pr.add_argument("--out", required=True)
-    ft = sub.add_parser("fit", help="GPU share of a step per worker and batch, from a probe's JSON")
+    ft = sub.add_parser("fit", help="time-slice model (timeslice, switch cost, GPU share per worker) from a probe")
     ft.add_argument("file")
+    ft.add_argument("--joint", default="1,8", help="batches the joint fit (one share per worker) is made on")
+    cp = sub.add_parser("compare", help="real against sim TPOT per phase, from two probes' JSON")
+    cp.add_argument("real")
+    cp.add_argument("sim")
+    cp.add_argument("--sim-speedup", type=float, default=1.0, help="the sim's --speedup (its TPOT x it: H200 time)")
     args = ap.parse_args(argv)
+    if args.cmd == "compare":
+        with open(args.real, encoding="utf-8") as f, open(args.sim, encoding="utf-8") as g:
+            rows, errs = compare(json.load(f)["phases"], json.load(g)["phases"], args.sim_speedup)
+        print("\n".join(rows))
+        for label, sel in (("all", errs), ("sharing the GPU", [x for x in errs if x[0]])):
+            e = sorted(abs(d) for _, d in sel)
+            print(f"{label}: {sum(d <= 0.10 for d in e)} of {len(e)} worker-phases within 10%, "
+                  f"median |Δ| {100 * e[len(e) // 2]:.0f}%")  # fmt: skip
+        return 0
     if args.cmd == "probe":
         phases = asyncio.run(probe(args))
         with open(args.out, "w", encoding="utf-8") as f:
@@ -165,7 +279,17 @@ def main(argv: list[str] | None = None) -> int:
         phases = json.load(f)["phases"]
     for p in phases:
         print(p["batch"], "+".join(p["subset"]), p["tpot_ms"])
-    print(json.dumps(fit_gpu_share(phases), indent=1))
+    batches = sorted({p["batch"] for p in phases})
+    fits = [fit_timeslice(phases, [b]) for b in batches]
+    joint = fit_timeslice(phases, [int(b) for b in args.joint.split(",")])
+    for fit in [*fits, joint]:
+        label = "per batch" if len(fit["batches"]) == 1 else "joint (the sim's constants)"
+        print(f"\n### fit on batch {','.join(map(str, fit['batches']))}: {label}")
+        summary = {k: fit[k] for k in ("timeslice_ms", "switch_ms", "gpu_share", "sse")}
+        print(json.dumps(summary))
+        if fit is joint:  # every batch, with the joint shares (batches not fitted are a check)
+            fit = {**fit, "share": {(m, b): v for (m, _), v in fit["share"].items() for b in batches}}
+        print("\n".join(error_table(phases, fit)))
     return 0
 
 

@@ -1,21 +1,24 @@
-"""Simulated workers that share one GPU (backends/sim/gpu.py): one clock, time divided among steps."""
+"""Simulated workers that share one GPU (backends/sim/gpu.py): one clock, the GPU handed round in time slices."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import math
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
 
 from backends.sim.engine import Engine, Request
-from backends.sim.gpu import SharedGPU
+from backends.sim.gpu import SWITCH_S, TIMESLICE_S, SharedGPU
 from backends.sim.server import SimSettings, create_shared_gpu_app
 from backends.sim.textgen import Answer
 from router.serve import sim_command, sim_groups
@@ -24,8 +27,9 @@ from tests.conftest import make_config
 Profile = Callable[..., str]
 
 
-def _req(tag: int, out: int) -> Request:
-    return Request(f"r{tag}", [1, 2, 3, 4], Answer(out, word_start=tag, marker=None), max_tokens=out)
+def _req(tag: int, out: int, prompt: int = 4) -> Request:
+    return Request(f"r{tag}", list(range(tag * 1000, tag * 1000 + prompt)), Answer(out, word_start=tag, marker=None),
+                   max_tokens=out)  # fmt: skip
 
 
 async def _finished(r: Request) -> None:
@@ -37,74 +41,124 @@ def _itl(engine: Engine) -> float:
     return engine.stats.itl.sum / engine.stats.itl.count
 
 
-async def _decode(engines: list[Engine], loads: list[int], outs: list[int]) -> None:
-    """Run ``loads[i]`` requests of ``outs[i]`` tokens on engine i, all on one SharedGPU, to the end."""
-    task = asyncio.create_task(SharedGPU(engines).run())
-    reqs = []
-    for i, (e, n, out) in enumerate(zip(engines, loads, outs, strict=True)):
-        for k in range(n):
-            r = _req(100 * i + k, out)
-            reqs.append(r)
-            e.submit(r)
-    for r in reqs:
-        await _finished(r)
-    task.cancel()
+def _virtual(gpu: SharedGPU, arrivals: list[tuple[float, Engine, Request]], until: float = 10.0) -> None:
+    """Drive ``gpu`` on a virtual clock (no sleeping): requests reach their engine's queue at the given
+    times; every step ends exactly on schedule."""
+    pending = sorted(arrivals, key=lambda a: a[0])
+    t = 0.0
+    while t < until:
+        while pending and pending[0][0] <= t:
+            _, e, r = pending.pop(0)
+            e.enqueue(r, t)
+        gpu.start(t)
+        nxt = min(gpu.next_event(), pending[0][0] if pending else float("inf"))
+        if nxt == float("inf"):
+            return
+        t = nxt
+        for e in gpu.advance(t):
+            e.commit(gpu.pop(e), t)
 
 
-def test_busy_engines_share_the_gpu_in_proportion_to_their_steps(make_engine: Callable[..., Engine]) -> None:
-    # decode-bound: a step lasts `base` (4 ms and 12 ms). Both busy the whole time (90 tokens of
-    # 8 ms ≈ 30 of 24 ms), the GPU's time is split in two, so each step takes twice as long.
-    small, big = make_engine(step_time_s={"base": 0.004}), make_engine(step_time_s={"base": 0.012})
-    asyncio.run(_decode([small, big], [1, 1], [90, 30]))
-    assert _itl(small) == pytest.approx(0.008, rel=0.15)
-    assert _itl(big) == pytest.approx(0.024, rel=0.15)
+def _busy(engines: list[Engine], outs: list[int], **gpu: float) -> None:
+    """One request of ``outs[i]`` tokens on engine i, all from t = 0, on one virtual-clock SharedGPU."""
+    _virtual(
+        SharedGPU(engines, **gpu),
+        [(0.0, e, _req(i, out)) for i, (e, out) in enumerate(zip(engines, outs, strict=True))],
+    )
+
+
+def test_small_workers_whose_steps_fit_a_slice_lock_step(make_engine: Callable[..., Engine]) -> None:
+    # steps of 4 ms and 2 ms, all GPU work, both shorter than the 5 ms slice: whole steps in turn, so
+    # both see the same inter-token time, the sum of the steps (plus a switch cost per turn)
+    a, b = (
+        make_engine(step_time_s={"base": 0.004, "decode_seqs": 0.0}),
+        make_engine(step_time_s={"base": 0.002, "decode_seqs": 0.0}),
+    )
+    _busy([a, b], [60, 60], timeslice=0.005, switch=0.0005)
+    assert _itl(a) == pytest.approx(0.007, rel=0.05)
+    assert _itl(b) == pytest.approx(0.007, rel=0.05)
+
+
+def test_a_long_step_waits_for_the_neighbours_turn_after_each_slice(make_engine: Callable[..., Engine]) -> None:
+    # the 9 ms step needs three 3 ms turns, and the 2 ms neighbour takes a turn between each: the big
+    # one slows to 9 + 3 x 2 = 15 ms (~1.7x), the small one to 2 + 3 = 5 ms (2.5x): not in proportion
+    def run(small_out: int, big_out: int) -> tuple[float, float]:  # (the one that ends first is all shared)
+        small = make_engine(step_time_s={"base": 0.002, "decode_seqs": 0.0})
+        big = make_engine(step_time_s={"base": 0.009, "decode_seqs": 0.0})
+        _busy([small, big], [small_out, big_out], timeslice=0.003, switch=0.0)
+        return _itl(small), _itl(big)
+
+    assert run(150, 60)[0] == pytest.approx(0.005, rel=0.03)
+    assert run(300, 40)[1] == pytest.approx(0.015, rel=0.03)
+
+
+def test_a_long_step_next_to_two_busy_small_ones_slows_about_threefold(make_engine: Callable[..., Engine]) -> None:
+    # the H200's shape: two small workers whose GPU work fits a slice, a 4.5 ms step needing three
+    small = [make_engine(step_time_s={"base": 0.002, "decode_seqs": 0.0}, gpu_share=0.5) for _ in range(2)]
+    big = make_engine(step_time_s={"base": 0.0045, "decode_seqs": 0.0})
+    _busy([*small, big], [300, 300, 60], timeslice=0.0016, switch=0.0)
+    assert _itl(big) / 0.0045 == pytest.approx(1 + 3 * 2 * 0.001 / 0.0045, rel=0.08)  # 4.5 + 3 x (1 + 1) = 10.5 ms
+    assert _itl(small[0]) == pytest.approx(_itl(small[1]), rel=0.02)  # lock-stepped
+
+
+def test_the_cpu_part_of_a_step_is_not_shared(make_engine: Callable[..., Engine]) -> None:
+    # half of each 4 ms step is CPU work: while one engine's CPU part runs, the other's GPU part does;
+    # the two interleave without slowing each other down
+    a, b = (make_engine(step_time_s={"base": 0.004, "decode_seqs": 0.0}, gpu_share=0.5) for _ in range(2))
+    _busy([a, b], [50, 50], timeslice=0.005, switch=0.0)
+    assert _itl(a) == pytest.approx(0.004, rel=0.05)
+    assert _itl(b) == pytest.approx(0.004, rel=0.05)
 
 
 def test_an_idle_neighbour_costs_nothing(make_engine: Callable[..., Engine]) -> None:
     busy, idle = make_engine(step_time_s={"base": 0.005}), make_engine(step_time_s={"base": 0.005})
-    asyncio.run(_decode([busy, idle], [2, 0], [30, 30]))
-    assert _itl(busy) == pytest.approx(0.005, rel=0.15)
+    gpu = SharedGPU([busy, idle], timeslice=0.001, switch=0.001)
+    _virtual(gpu, [(0.0, busy, _req(1, 30)), (0.0, busy, _req(2, 30))])
+    assert _itl(busy) == pytest.approx(0.0052, rel=0.01)  # base + decode_seqs x 2: not cut into slices
     assert idle.stats.steps == 0
 
 
-def test_a_neighbour_that_joins_mid_step_slows_the_rest_of_it(make_engine: Callable[..., Engine]) -> None:
-    a, b = make_engine(step_time_s={"base": 0.02}), make_engine(step_time_s={"base": 0.02})
-    ra, rb = _req(1, 10), _req(2, 10)
-
-    async def main() -> None:
-        task = asyncio.create_task(SharedGPU([a, b]).run())
-        a.submit(ra)
-        await asyncio.sleep(0.01)  # half-way through a's first step
-        b.submit(rb)
-        await _finished(ra)
-        await _finished(rb)
-        task.cancel()
-
-    asyncio.run(main())
-    # a: 10 ms alone + 10 ms of GPU at half speed = 30 ms for its first step; both then alternate 40 ms
-    assert ra.first_token - ra.queued_at == pytest.approx(0.03, abs=0.006)
-    assert _itl(a) == pytest.approx(0.04, rel=0.15)
+def test_a_neighbour_that_queues_ends_a_lone_turn_at_the_next_slice(make_engine: Callable[..., Engine]) -> None:
+    a = make_engine(step_time_s={"base": 0.02, "decode_seqs": 0.0})
+    b = make_engine(step_time_s={"base": 0.002, "decode_seqs": 0.0})
+    ra, rb = _req(1, 1), _req(2, 1)
+    _virtual(SharedGPU([a, b], timeslice=0.004, switch=0.0), [(0.0, a, ra), (0.005, b, rb)])
+    # (each first step is a prefill of 4 tokens: 0.08 ms more)
+    assert rb.first_token == pytest.approx(0.010, abs=2e-4)  # a's turn runs to the 8 ms boundary, then b's step
+    assert ra.first_token == pytest.approx(0.022, abs=3e-4)  # a's 20 ms of work, plus b's 2 ms
 
 
 def test_launch_bound_eager_steps_do_not_share_the_gpu(make_engine: Callable[..., Engine]) -> None:
     # a's prefill of 100 tokens runs eager (over 8 tokens): 30 ms, of which the linear model's
-    # 4 + 2 = 6 ms is GPU work; b decodes all along (10 ms steps). Only those 6 ms are shared.
+    # 4 + 2 = 6 ms is GPU work, after 24 ms of launches; b decodes 10 ms steps all along.
     eager = {"max_tokens": 8, "eager_floor_s": 0.03}
-    a, b = make_engine(cudagraph=eager), make_engine(step_time_s={"base": 0.01})
-    ra = Request("a", list(range(100)), Answer(1, word_start=0, marker=None), max_tokens=1)
-    rb = _req(2, 20)
+    a, b = make_engine(cudagraph=eager), make_engine(step_time_s={"base": 0.01, "decode_seqs": 0.0})
+    ra, rb = _req(1, 1, prompt=100), _req(2, 20)
+    _virtual(SharedGPU([a, b], timeslice=0.02, switch=0.0), [(0.0, b, rb), (0.0, a, ra)])
+    # at 24 ms a queues behind b's step (20-30 ms) and then runs its 6 ms: first token at 36 ms
+    assert ra.first_token == pytest.approx(0.036, abs=2e-4)  # (b's first step, a prefill, is 0.08 ms longer)
+    assert _itl(b) < 0.0125
+
+
+def test_the_clocked_loop_runs_the_model(make_engine: Callable[..., Engine]) -> None:
+    # the same lock-step as above, on the event loop's clock with a neighbour joining late
+    a, b = (
+        make_engine(step_time_s={"base": 0.004, "decode_seqs": 0.0}),
+        make_engine(step_time_s={"base": 0.006, "decode_seqs": 0.0}),
+    )
+    ra, rb = _req(1, 40), _req(2, 30)
 
     async def main() -> None:
-        task = asyncio.create_task(SharedGPU([a, b]).run())
-        b.submit(rb)
+        task = asyncio.create_task(SharedGPU([a, b], timeslice=0.01, switch=0.0).run())
         a.submit(ra)
-        await _finished(ra)
+        await asyncio.sleep(0.02)
+        b.submit(rb)
         await _finished(rb)
         task.cancel()
 
     asyncio.run(main())
-    assert ra.first_token - ra.queued_at == pytest.approx(0.036, abs=0.006)  # 24 ms alone + 6 ms at half speed
-    assert _itl(b) < 0.012
+    assert _itl(b) == pytest.approx(0.010, rel=0.2)
+    assert a.stats.lag.count > 0
 
 
 # -- over the wire: one process, two ports, one GPU -----------------------------------------------
@@ -146,6 +200,7 @@ def _tpot(url: str, model: str, out: int = 40) -> float:
 
 
 def test_two_workers_on_one_gpu_over_http(sim_profile: Profile) -> None:
+    # 10 ms steps of GPU work, longer than the default slice: taken in turns, each with a switch cost
     prof = sim_profile(step_time_s={"base": 0.01, "decode_seqs": 0.0})
     a, b = SimSettings(profile=prof, seed=1), SimSettings(profile=prof, model="other", seed=2)
     with shared_gpu_servers(a, b) as (url_a, url_b):
@@ -155,7 +210,9 @@ def test_two_workers_on_one_gpu_over_http(sim_profile: Profile) -> None:
             both = list(pool.map(_tpot, [url_a, url_b], ["sim-test", "other"]))
         metrics_b = httpx.get(url_b + "/metrics").text
     assert alone == pytest.approx(0.010, rel=0.3)
-    assert both[0] == pytest.approx(0.020, rel=0.3) and both[1] == pytest.approx(0.020, rel=0.3)
+    turns = math.ceil(0.010 / TIMESLICE_S)
+    expected = 2 * 0.010 + 2 * turns * SWITCH_S
+    assert both[0] == pytest.approx(expected, rel=0.3) and both[1] == pytest.approx(expected, rel=0.3)
     assert 'model_name="other"' in metrics_b
 
 
@@ -176,3 +233,22 @@ def test_serve_groups_sim_backends_by_gpu() -> None:
     also = cmd[cmd.index("--also") + 1]
     assert "port=9003" in also and "model=c" in also and "seed=9003" in also and "kv_tokens=100000" in also
     assert "--also" not in sim_command(*sim_groups(cfg.backends)[1])
+
+
+def test_the_fit_and_the_sim_run_the_same_model(make_engine: Callable[..., Engine]) -> None:
+    # scripts/calibrate/colocate.py fits the sim's constants with its own closed-loop copy of the model
+    spec = importlib.util.spec_from_file_location(
+        "colocate", Path(__file__).parents[2] / "scripts/calibrate/colocate.py"
+    )
+    assert spec is not None and spec.loader is not None
+    colocate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(colocate)
+    steps = {"a": (0.0014, 0.0006), "b": (0.001, 0.0016), "c": (0.0003, 0.0043)}  # (CPU, GPU) seconds
+    engines = {m: make_engine(step_time_s={"base": c + g, "decode_seqs": 0.0}, gpu_share=g / (c + g))
+               for m, (c, g) in steps.items()}  # fmt: skip
+    gpu = SharedGPU(list(engines.values()), timeslice=0.00144, switch=0.0005)
+    _virtual(gpu, [(0.0, e, _req(i, 10_000)) for i, e in enumerate(engines.values())], until=1.0)  # all busy
+    model = colocate.timeslice_periods({m: 1e3 * c for m, (c, _) in steps.items()},
+                                       {m: 1e3 * g for m, (_, g) in steps.items()}, 1.44, 0.5, jitter=0.0)  # fmt: skip
+    for m, e in engines.items():
+        assert _itl(e) * 1e3 == pytest.approx(model[m], rel=0.03)

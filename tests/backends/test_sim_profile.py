@@ -53,6 +53,7 @@ def test_bad_settings_raise_profile_error(settings: SimSettings, match: str) -> 
 def test_old_profiles_without_the_new_terms_still_load(sim_profile: Callable[..., str]) -> None:
     p = load_profile(sim_profile())
     assert p.cudagraph is None and p.frontend is None
+    assert p.gpu_share == 1.0  # all GPU work, as before the co-location probe
 
 
 def test_shipped_profiles_carry_the_cliff_and_the_front_end() -> None:
@@ -60,6 +61,7 @@ def test_shipped_profiles_carry_the_cliff_and_the_front_end() -> None:
         p = load_profile(name)
         assert p.cudagraph is not None and p.cudagraph.max_tokens == 128
         assert p.frontend is not None and p.frontend.per_prompt_token > 0
+        assert 0.0 < p.gpu_share <= 1.0 and "gpu_share" in p.provenance
 
 
 @pytest.mark.parametrize(
@@ -72,6 +74,9 @@ def test_shipped_profiles_carry_the_cliff_and_the_front_end() -> None:
         ("frontend_s", {"per_token": 1e-6}, "per_token"),
         ("frontend_s", {"per_request": "fast"}, "per_request"),
         ("overhead_s", {"tpot": 0.1}, "tpot"),
+        ("gpu_share", 1.5, "gpu_share"),
+        ("gpu_share", -0.1, "gpu_share"),
+        ("gpu_share", "half", "gpu_share"),
     ],
 )
 def test_bad_new_sections_are_refused(
