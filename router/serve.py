@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import logging.handlers
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from queue import SimpleQueue
 
 import httpx
 import uvicorn
@@ -154,11 +156,34 @@ def serve(
     workers: int = 1,
     start_sims: bool = True,
 ) -> None:
-    from router.app import create_app
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2"):  # one line per probe is noise
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    with _log_off_the_loop():
+        _serve(cfg, config_path=config_path, host=host, port=port, workers=workers, start_sims=start_sims)
+
+
+@contextlib.contextmanager
+def _log_off_the_loop() -> Iterator[None]:
+    """Route the root logger through a queue to a thread that does the writing, so an audit or warning
+    line costs the event loop a queue put, not a blocking write to stderr; restored on the way out."""
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    queue: SimpleQueue[logging.LogRecord] = SimpleQueue()
+    listener = logging.handlers.QueueListener(queue, *handlers, respect_handler_level=True)
+    root.handlers = [logging.handlers.QueueHandler(queue)]
+    listener.start()
+    try:
+        yield
+    finally:
+        listener.stop()  # writes what is queued
+        root.handlers = handlers
+
+
+def _serve(cfg: Config, *, config_path: str, host: str | None, port: int | None, workers: int,
+           start_sims: bool) -> None:  # fmt: skip
+    from router.app import create_app
+
     host = host or cfg.gateway.host
     port = cfg.gateway.port if port is None else port
     if workers > 1 and cfg.gateway.state == "memory":
