@@ -9,13 +9,23 @@ from typing import Any
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 
-async def read_body(receive: Receive) -> bytes | None:
-    """The whole request body, or ``None`` if the client disconnected before sending it all."""
+class BodyTooLong(Exception):
+    """The body grew past the limit the caller gave :func:`read_body`."""
+
+
+async def read_body(receive: Receive, limit: int | None = None) -> bytes | None:
+    """The whole request body, or ``None`` if the client disconnected before sending it all;
+    :class:`BodyTooLong` as soon as it exceeds ``limit`` bytes (when given)."""
     chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        chunks.append(message.get("body", b""))
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise BodyTooLong(limit)
+        chunks.append(chunk)
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)

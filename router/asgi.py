@@ -10,6 +10,7 @@ from __future__ import annotations
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope
 
+import backends.asgi
 from router.errors import BodyTooLarge
 
 
@@ -24,16 +25,10 @@ async def read_body(receive: Receive, content_length: str | None, limit: int) ->
     ClientDisconnect if the caller hangs up before sending all of it."""
     if content_length and content_length.isdigit() and int(content_length) > limit:
         raise BodyTooLarge(f"the request body is {content_length} bytes; the limit is {limit}")
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+    try:
+        body = await backends.asgi.read_body(receive, limit)
+    except backends.asgi.BodyTooLong:
+        raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes") from None
+    if body is None:
+        raise ClientDisconnect()
+    return body
