@@ -31,7 +31,8 @@ def _rate(e: dict[str, Any]) -> float:
     return round(float(e["rate"]) / _speedup(e), 3)
 
 
-def _lat(e: dict[str, Any], key: str, q: str) -> float | None:
+def modelled_ms(e: dict[str, Any], key: str, q: str) -> float | None:
+    """Percentile ``q`` of latency ``key`` of one bench entry, in modelled (H200) time."""
     v = (e.get(key) or {}).get(q)
     return None if v is None else float(v) * _speedup(e)
 
@@ -63,12 +64,12 @@ def policies(entries: list[dict[str, Any]]) -> list[str]:
                 m = statistics.mean(vals) * k
                 return f"{_ms(m)} ± {_ms(statistics.stdev(vals) * k)}" if len(vals) > 1 else _ms(m)
 
-            wf = [_lat(by_seed[s], "workflow_e2e_ms", "p50") or 0.0 for s in seeds]
+            wf = [modelled_ms(by_seed[s], "workflow_e2e_ms", "p50") or 0.0 for s in seeds]
             ratios = []
             for b in ("round_robin", "least_outstanding"):
                 common = [s for s in seeds if s in base[b]]
-                rs = [(_lat(base[b][s], "workflow_e2e_ms", "p50") or 0.0) / (_lat(by_seed[s], "workflow_e2e_ms", "p50")
-                      or 1.0) for s in common]  # fmt: skip
+                rs = [(modelled_ms(base[b][s], "workflow_e2e_ms", "p50") or 0.0)
+                      / (modelled_ms(by_seed[s], "workflow_e2e_ms", "p50") or 1.0) for s in common]  # fmt: skip
                 ratios.append(f"{statistics.mean(rs):.2f} ± {statistics.stdev(rs):.2f}" if len(rs) > 1 else
                               (f"{rs[0]:.2f}" if rs else "-"))  # fmt: skip
             share: dict[str, float] = defaultdict(float)
@@ -77,9 +78,9 @@ def policies(entries: list[dict[str, Any]]) -> list[str]:
                     share[m] += v / len(seeds)
             rows.append("| " + " | ".join([
                 f"{rate:g}", pol, str(len(seeds)), stat(wf), *ratios,
-                stat([_lat(by_seed[s], "e2e_ms", "p50") or 0.0 for s in seeds]),
-                stat([_lat(by_seed[s], "ttft_ms", "p50") or 0.0 for s in seeds]),
-                stat([_lat(by_seed[s], "ttft_ms", "p99") or 0.0 for s in seeds]),
+                stat([modelled_ms(by_seed[s], "e2e_ms", "p50") or 0.0 for s in seeds]),
+                stat([modelled_ms(by_seed[s], "ttft_ms", "p50") or 0.0 for s in seeds]),
+                stat([modelled_ms(by_seed[s], "ttft_ms", "p99") or 0.0 for s in seeds]),
                 stat([by_seed[s]["task_success"] for s in seeds], pct=True),
                 stat([by_seed[s]["sla_attainment"] for s in seeds], pct=True),
                 " / ".join(f"{m.removeprefix('qwen2.5-')} {100 * v:.0f}%" for m, v in sorted(share.items())),
@@ -99,8 +100,8 @@ def simreal(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list
         cells = [f"{rate:g}", pol, ",".join(map(str, seeds)) or "-"]
         for key, _ in METRICS:
             for q in ("p50", "p99"):
-                a_vals = [v for s in seeds if (v := _lat(rs[s], key, q)) is not None]
-                b_vals = [v for s in seeds if (v := _lat(ss[s], key, q)) is not None]
+                a_vals = [v for s in seeds if (v := modelled_ms(rs[s], key, q)) is not None]
+                b_vals = [v for s in seeds if (v := modelled_ms(ss[s], key, q)) is not None]
                 if not a_vals or not b_vals:
                     cells.append("-")
                     continue

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from fleet_report import modelled_ms  # next to this file
 
 PROXY_OFFSET = 1000
 
@@ -97,13 +98,6 @@ def cmd_merge(args: argparse.Namespace) -> None:
 METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "e2e"))
 
 
-def _scaled(entry: dict[str, Any], key: str, q: str) -> float | None:
-    """A latency of one entry in modelled H200 time (wall-clock x speedup for a sim run)."""
-    value = (entry.get(key) or {}).get(q)
-    speedup = (entry.get("config") or {}).get("speedup", 1.0)
-    return None if value is None else float(value) * float(speedup)
-
-
 def table(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list[str], list[float]]:
     """Markdown rows per workload and policy, and every relative sim-real difference."""
     rows = ["| workload | policy | rate (wf/s, H200 time) | " + " | ".join(
@@ -117,7 +111,7 @@ def table(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list[s
         cells = [r["workload"], r["policy"], f"{rate:g}" if rate is not None else "-"]
         for key, _ in METRICS:
             for q in ("p50", "p99"):
-                a, b = _scaled(r, key, q), _scaled(s, key, q) if s else None
+                a, b = modelled_ms(r, key, q), modelled_ms(s, key, q) if s else None
                 if a is None or b is None:
                     cells.append("-")
                     continue
