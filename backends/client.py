@@ -19,12 +19,12 @@ Every httpx error is translated here into a :class:`router.errors.WorkerError` s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import NoReturn
 
 import httpx2 as httpx
 
-from backends.transport import AiohttpTransport
+from backends.transport import AT_EOF, AiohttpTransport
 from router.config import BackendConfig, Timeouts
 from router.errors import (
     WorkerConnectError,
@@ -83,6 +83,10 @@ class WorkerResponse:
         # only aiter_bytes serves a body already read, as a mock transport's may be).
         whole = "content-encoding" in response.headers or response.is_stream_consumed
         self._iter = response.aiter_bytes() if whole else response.aiter_raw()
+        # Raw bytes from our own transport can tell, without a read, that the body has ended (the
+        # worker's last bytes came with what was just read): the proxy then sends its last chunk
+        # and the end of its own answer in one write, and skips a read that would only say "end".
+        self._at_eof: Callable[[], bool] | None = None if whole else response.extensions.get(AT_EOF)
         self._more = more
         self._between_s = between_chunks_s
 
@@ -98,30 +102,44 @@ class WorkerResponse:
     def content_type(self) -> str:
         return str(self.headers.get("content-type", "application/json"))
 
+    @property
+    def ended(self) -> bool:
+        """True when no body byte is left to read (known without reading where the transport
+        tells; otherwise once :meth:`next_chunk` has answered None)."""
+        if self._more and self._at_eof is not None and self._at_eof():
+            self._more = False
+        return not self._more
+
+    async def next_chunk(self) -> bytes | None:
+        """The next part of the body after ``first_chunk``, within the between-chunk timeout; None
+        at its end."""
+        if self.ended:
+            return None
+        try:
+            async with asyncio.timeout(self._between_s):
+                chunk = await anext(self._iter, None)
+        except TimeoutError as exc:
+            raise WorkerTimeout(
+                f"worker {self.backend} sent nothing for {self._between_s:g}s mid-response",
+                backend=self.backend, before_first_byte=False,
+            ) from exc  # fmt: skip
+        except httpx.HTTPError as exc:
+            raise _translate(exc, self.backend, before_first_byte=False) from exc
+        if chunk is None:
+            self._more = False
+        return chunk
+
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body after ``first_chunk``; each chunk must come within the between-chunk timeout."""
-        while self._more:
-            try:
-                async with asyncio.timeout(self._between_s):
-                    chunk = await anext(self._iter, None)
-            except TimeoutError as exc:
-                raise WorkerTimeout(
-                    f"worker {self.backend} sent nothing for {self._between_s:g}s mid-response",
-                    backend=self.backend, before_first_byte=False,
-                ) from exc  # fmt: skip
-            except httpx.HTTPError as exc:
-                raise _translate(exc, self.backend, before_first_byte=False) from exc
-            if chunk is None:
-                self._more = False
-                return
+        while (chunk := await self.next_chunk()) is not None:
             yield chunk
 
     async def read_rest(self) -> bytes:
         """The whole body (first chunk included)."""
         parts = [self.first_chunk]
-        async for chunk in self.chunks():
+        while (chunk := await self.next_chunk()) is not None:
             parts.append(chunk)
-        return b"".join(parts)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def aclose(self) -> None:
         # Closing an unfinished response closes its connection, which is how a worker learns that

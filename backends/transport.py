@@ -13,7 +13,9 @@ It does what ``httpx-aiohttp``'s transport does, with two differences that matte
   worker with 504 instead of 502), a peer that hung up mid-answer ``RemoteProtocolError``, a
   silent socket ``ReadTimeout``;
 - closing a response whose body was not read to its end closes its connection, so a worker
-  learns at once that the request was abandoned (vLLM then aborts it).
+  learns at once that the request was abandoned (vLLM then aborts it);
+- the response's ``AT_EOF`` extension tells whether the raw body has already ended with what was
+  read, without another read (the proxy then closes its own answer in the same write).
 
 The aiohttp session is made on first use, inside the running event loop, and closed by
 :meth:`aclose`.
@@ -31,6 +33,9 @@ from multidict import CIMultiDict
 from yarl import URL
 
 _HTTP11 = b"HTTP/1.1"
+# The response extension (httpx's way for a transport to say more than HTTP does) holding a
+# callable that tells whether the raw body has ended with what has been read so far.
+AT_EOF = "chimera.at_eof"
 _CACHE_LIMIT = 1024  # URLs and timeouts are few (workers x paths); the bound only guards odd callers
 
 
@@ -55,7 +60,9 @@ def _mapped(request: httpx.Request) -> Iterator[None]:
         raise httpx.TransportError(str(exc) or type(exc).__name__, request=request) from exc
 
 
-class _ResponseStream(httpx.AsyncByteStream):
+class ResponseStream(httpx.AsyncByteStream):
+    """An aiohttp answer's body as httpx's byte stream."""
+
     def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
         self._response = response
         self._request = request
@@ -65,6 +72,10 @@ class _ResponseStream(httpx.AsyncByteStream):
         with _mapped(self._request):
             while chunk := await content.readany():
                 yield chunk
+
+    def at_eof(self) -> bool:
+        """True when the body has ended and every byte of it has been read."""
+        return self._response.content.at_eof()
 
     async def aclose(self) -> None:
         # close() drops the connection, release() hands it back to the pool: only a body read to
@@ -141,12 +152,12 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 request.method, self._url(request.url), headers=headers, data=data,
                 allow_redirects=False, timeout=self._timeout(request),
             )  # fmt: skip
-        extensions: dict[str, Any] = {"http_version": _HTTP11}
+        stream = ResponseStream(response, request)
+        extensions: dict[str, Any] = {"http_version": _HTTP11, AT_EOF: stream.at_eof}
         if response.reason:
             extensions["reason_phrase"] = response.reason.encode("latin-1", "replace")
         return httpx.Response(
-            response.status, headers=response.raw_headers, stream=_ResponseStream(response, request),
-            request=request, extensions=extensions,
+            response.status, headers=response.raw_headers, stream=stream, request=request, extensions=extensions,
         )  # fmt: skip
 
     async def aclose(self) -> None:

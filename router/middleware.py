@@ -22,6 +22,25 @@ REQUEST_ID_KEY = "request_id"
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
+class RequestIds:
+    """Fresh request ids: 32 hex digits (as ``uuid4().hex``) from the OS's CSPRNG, drawn 256 ids'
+    worth at a time. The ids must stay unguessable (``/v1/feedback`` trusts the id it is given), so
+    they are never derived from a seeded generator; batching only spares a ``getrandom`` call per
+    request (~2 % of a proxied request's CPU where system calls are dear)."""
+
+    _BATCH = 16 * 256
+
+    def __init__(self) -> None:
+        self._pool = b""
+        self._at = 0
+
+    def next(self) -> str:
+        if self._at >= len(self._pool):
+            self._pool, self._at = secrets.token_bytes(self._BATCH), 0
+        at, self._at = self._at, self._at + 16
+        return self._pool[at : at + 16].hex()
+
+
 def _incoming_id(scope: Scope) -> str | None:
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
@@ -33,12 +52,13 @@ def _incoming_id(scope: Scope) -> str | None:
 class RequestContextMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self.ids = RequestIds()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = _incoming_id(scope) or secrets.token_hex(16)  # 32 hex digits, as uuid4().hex, at a third of its cost
+        rid = _incoming_id(scope) or self.ids.next()
         state = scope.setdefault("state", {})
         state[REQUEST_ID_KEY] = rid
         endpoint = COMPLETION_PATHS.get(scope["path"]) if scope["method"] == "POST" else None

@@ -160,7 +160,7 @@ class ProxyResponse:
             finally:
                 await opened.aclose()
         finally:
-            await asyncio.shield(gw.state.release(reservation))
+            await gw.state.release(reservation)  # completes its bookkeeping even when this task is cancelled
             if gw.admission is not None:
                 gw.admission.wake()
         return True
@@ -204,15 +204,19 @@ class ProxyResponse:
         headers = [(k.encode(), v.encode()) for k, v in self._headers(opened.backend, opened).items()]
         await send({"type": "http.response.start", "status": opened.status_code, "headers": headers})
         try:
-            if first := cutter.feed(opened.first_chunk):
-                await send({"type": "http.response.body", "body": first, "more_body": True})
-            if cutter.content_events(opening_event=opening):
-                rec.ttft_s = time.perf_counter() - rec.started
-            async for chunk in opened.chunks():
-                if out := cutter.feed(chunk):
+            chunk: bytes | None = opened.first_chunk
+            while chunk is not None:
+                out = cutter.feed(chunk)
+                if opened.ended:  # the worker's answer is all here: send it with the end of ours, one write
+                    await send({"type": "http.response.body", "body": out + cutter.rest(), "more_body": False})
+                    break
+                if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                     if rec.ttft_s is None and cutter.content_events(opening_event=opening):
                         rec.ttft_s = time.perf_counter() - rec.started
+                chunk = await opened.next_chunk()
+            else:
+                await send({"type": "http.response.body", "body": cutter.rest(), "more_body": False})
         except WorkerError as exc:
             # Too late to retry: the client has part of the answer. Close with an error event.
             rec.outcome, rec.error = "worker_error", type(exc).__name__
@@ -221,8 +225,9 @@ class ProxyResponse:
             event = b"data: " + json.dumps(_client_error(exc).envelope()).encode() + b"\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": False})
             return
-        await send({"type": "http.response.body", "body": cutter.rest(), "more_body": False})
         rec.e2e_s = time.perf_counter() - rec.started
+        if rec.ttft_s is None and cutter.content_events(opening_event=opening):
+            rec.ttft_s = rec.e2e_s  # the first content came with the end of the answer
         usage = cutter.usage or {}
         rec.prompt_tokens = _int(usage.get("prompt_tokens")) or rec.prompt_tokens
         rec.completion_tokens = _int(usage.get("completion_tokens"))

@@ -86,7 +86,12 @@ class FleetState(Protocol):
 
     async def reserve(self, backend: str, tokens: int) -> Reservation: ...
 
-    async def release(self, reservation: Reservation) -> None: ...
+    async def release(self, reservation: Reservation) -> None:
+        """Give a reservation back. The local accounting must be done before the first suspension
+        and whatever follows must survive the caller's cancellation (a client that hung up is
+        cancelled mid-``finally``): the proxy awaits this without ``asyncio.shield``, whose task per
+        request would be paid by every request, not only by the cancelled ones."""
+        ...
 
     async def take_tokens(self, agent: str, requests: int, tokens: int, rpm: int | None, tpm: int | None) -> float:
         """Rate limits: take ``requests`` and ``tokens`` from the agent's per-minute buckets (shared

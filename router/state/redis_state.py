@@ -156,7 +156,7 @@ class RedisFleetState:
         res = self._reservations.pop(reservation.id, None)
         if res is not None:
             self._table.add_load(res.backend, -1, -res.tokens)
-            await self._put(res.backend)
+            await asyncio.shield(self._put(res.backend))  # published even if the caller is cancelled
 
     async def _put(self, backend: str) -> None:
         self._version[backend] += 1

@@ -195,6 +195,36 @@ async def test_a_between_chunks_timeout_is_the_worker_client_s() -> None:
         await opened.aclose()
 
 
+async def test_the_worker_client_knows_an_answer_has_ended_without_another_read() -> None:
+    async def all_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(STREAM_HEAD + chunked(b"data: 0\n\n", b"data: 1\n\n") + b"0\r\n\r\n")
+
+    def backend(url: str) -> BackendConfig:
+        return BackendConfig(name="w", url=url, model="m", kv_budget_tokens=1000)
+
+    async with wire(all_at_once) as (w, url), client() as http:
+        workers = WorkerClient(http, TIMEOUTS)
+        for _ in range(2):
+            opened = await workers.open(backend(url), "/v1/completions", b"{}", {})
+            assert opened.first_chunk == b"data: 0\n\ndata: 1\n\n"
+            assert opened.ended  # the terminator came with the bytes: no read is needed to learn it
+            assert await opened.next_chunk() is None
+            await opened.aclose()
+        assert w.connections == 1  # an answer known to have ended leaves its connection reusable
+
+    async with wire(streams_three_events) as (w, url), client() as http:
+        opened = await WorkerClient(http, TIMEOUTS).open(backend(url), "/v1/completions", b"{}", {})
+        assert opened.first_chunk == b"data: 0\n\n" and not opened.ended  # more is on its way
+        assert [c async for c in opened.chunks()] == [b"data: 1\n\n", b"data: 2\n\n"]
+        assert opened.ended
+        await opened.aclose()
+
+
 async def test_the_session_is_made_on_first_use_and_closed_with_the_client() -> None:
     transport = AiohttpTransport(httpx.Limits(max_connections=2, keepalive_expiry=5.0))
     assert transport._session is None
