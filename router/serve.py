@@ -5,14 +5,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import logging.handlers
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from queue import SimpleQueue
 
 import httpx
 import uvicorn
@@ -20,6 +18,7 @@ from starlette.applications import Starlette
 
 from router.config import BackendConfig, Config, load_config
 from router.errors import ChimeraError
+from router.logqueue import BatchedLogQueue
 
 log = logging.getLogger("chimera.serve")
 
@@ -165,18 +164,17 @@ def serve(
 
 @contextlib.contextmanager
 def _log_off_the_loop() -> Iterator[None]:
-    """Route the root logger through a queue to a thread that does the writing, so an audit or warning
-    line costs the event loop a queue put, not a blocking write to stderr; restored on the way out."""
+    """Route the root logger through a deque to a thread that writes in batches (router.logqueue),
+    so an audit or warning line costs the event loop a deque append, not a blocking write to stderr
+    nor a thread wake-up; restored on the way out, after what is queued is written."""
     root = logging.getLogger()
     handlers = list(root.handlers)
-    queue: SimpleQueue[logging.LogRecord] = SimpleQueue()
-    listener = logging.handlers.QueueListener(queue, *handlers, respect_handler_level=True)
-    root.handlers = [logging.handlers.QueueHandler(queue)]
-    listener.start()
+    queue = BatchedLogQueue(handlers)
+    root.handlers = [queue.handler]
     try:
-        yield
+        with queue:
+            yield
     finally:
-        listener.stop()  # writes what is queued
         root.handlers = handlers
 
 
