@@ -19,6 +19,7 @@ import threading
 from collections.abc import Sequence
 
 INTERVAL_S = 0.05
+_FIXED = frozenset({str, int, float, bool, type(None)})  # argument types that cannot change after the call
 
 
 class _Enqueue(logging.handlers.QueueHandler):
@@ -28,6 +29,19 @@ class _Enqueue(logging.handlers.QueueHandler):
     def __init__(self, pending: collections.deque[logging.LogRecord]) -> None:
         super().__init__(pending)  # type: ignore[arg-type]  # only enqueue() below touches it
         self._pending = pending
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        # A record whose arguments cannot change (an audit line's one string) is passed as it is and
+        # formatted by the thread; any other is fixed now, as the stdlib's QueueHandler does.
+        args = record.args
+        if (
+            type(record.msg) is str
+            and record.exc_info is None
+            and (not args or (type(args) is tuple and all(type(a) in _FIXED for a in args)))
+        ):
+            return record
+        prepared: logging.LogRecord = super().prepare(record)
+        return prepared
 
     def enqueue(self, record: logging.LogRecord) -> None:
         self._pending.append(record)  # thread-safe, and wakes nobody
@@ -100,4 +114,3 @@ def _write(handler: logging.Handler, records: list[logging.LogRecord]) -> None:
             stream.flush()
     except Exception:
         handler.handleError(records[0])
-

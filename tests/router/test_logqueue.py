@@ -45,6 +45,7 @@ def test_lines_are_written_by_the_thread_in_one_write_per_batch_in_order() -> No
         for i in range(100):
             log.info("line %d %s", i, args)
         args.append("changed later")  # the message was fixed when it was logged
+        log.info("fixed %s %d", "arguments", 3)  # immutable arguments: formatted by the thread
         log.debug("only for the collector")
         assert out.getvalue() == ""  # nothing written on the logging side
         deadline = time.monotonic() + 5
@@ -52,8 +53,8 @@ def test_lines_are_written_by_the_thread_in_one_write_per_batch_in_order() -> No
             time.sleep(0.01)
         assert out.writes == 1  # the batch in one write
     lines = out.getvalue().splitlines()
-    assert lines == [f"INFO line {i} ['a']" for i in range(100)]
-    assert seen == [f"line {i} ['a']" for i in range(100)] + ["only for the collector"]
+    assert lines == [*(f"INFO line {i} ['a']" for i in range(100)), "INFO fixed arguments 3"]
+    assert seen == [*(f"line {i} ['a']" for i in range(100)), "fixed arguments 3", "only for the collector"]
 
 
 def test_stop_writes_what_is_still_queued() -> None:
