@@ -16,9 +16,9 @@ backends:
 agents:
   - {name: chat, models: [m]}
 YAML
-taskset -c 1 python -m router.bench.fastworker --port 18001 --model m > /dev/null 2>&1 & W=$!
+taskset -c 1 ${PYTHON:-python} -m router.bench.fastworker --port 18001 --model m > /dev/null 2>&1 & W=$!
 sleep 2
-(cd "${GATEWAY_SRC:-.}" && exec taskset -c 0 python -m router.cli serve --config "$d/cfg.yaml") > "$d/gw.log" 2>&1 & G=$!
+(cd "${GATEWAY_SRC:-.}" && exec taskset -c 0 ${PYTHON:-python} -m router.cli serve --config "$d/cfg.yaml") > "$d/gw.log" 2>&1 & G=$!
 sleep 3; touch "$d/req.jsonl"
 if [ -n "${PYSPY:-}" ]; then
   cells=$(( $(wc -w <<< "${MODES:-json stream}") * $(wc -w <<< "${CONCURRENCY:-8 32 64}") ))
@@ -27,7 +27,7 @@ fi
 for mode in ${MODES:-json stream}; do
   for c in ${CONCURRENCY:-8 32 64}; do
     a=$(awk '{print $14+$15}' /proc/$G/stat); n0=$(wc -l < "$d/req.jsonl")
-    rate=$(taskset -c 1 python "$here/load.py" http://127.0.0.1:18080 5 "$c" "$mode")
+    rate=$(taskset -c 1 ${PYTHON:-python} "$here/load.py" http://127.0.0.1:18080 5 "$c" "$mode")
     sleep 1; b=$(awk '{print $14+$15}' /proc/$G/stat); n1=$(wc -l < "$d/req.jsonl")
     python3 -c "print(f'  $mode concurrency $c: gateway CPU {($b-$a)*10/max($n1-$n0,1):.2f} ms per request ({$n1-$n0} requests; $rate)')"
   done
