@@ -115,7 +115,7 @@ def create_app(
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(RequestContextMiddleware)],
+        middleware=[Middleware(RequestContextMiddleware), Middleware(edge.CompletionLane)],
         exception_handlers={
             ClientError: _client_error,
             HTTPException: _http_error,
@@ -172,7 +172,7 @@ def _name_of(policy: Policy, default: str) -> str:
 
 async def _client_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ClientError)
-    return JSONResponse(exc.envelope(), exc.status_code, headers=exc.headers())
+    return edge.client_error_response(exc)
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:

@@ -15,13 +15,13 @@ import re
 import time
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.types import Receive, Scope, Send
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import asgi
 from router.config import AUTO_MODEL
-from router.errors import BadRequest
+from router.errors import BadRequest, ClientError
 from router.features import build_features, parse_body, resolve_models
 from router.gateway import STATE_KEY, Gateway, gateway_of
 from router.middleware import RECORD_KEY, REQUEST_ID_KEY
@@ -113,6 +113,44 @@ class Completion:
             features.ttft_slo_ms, features.tpot_slo_ms, features.e2e_slo_ms,
         )  # fmt: skip
         return ProxyCall(UPSTREAM_PATHS[endpoint], body, payload, features, request_id, record)
+
+
+class CompletionLane:
+    """ASGI middleware (inside :class:`router.middleware.RequestContextMiddleware`): a POST to a
+    completion path goes straight to its :class:`Completion`, past Starlette's exception middleware,
+    router and route wrapper (three layers per call and per ``send`` on the gateway's busiest path);
+    anything else goes on to the app. Errors are answered as the app's handlers answer them: a
+    ClientError with its envelope, a client gone while sending its body with 499; any other error
+    propagates to the server-error middleware outside (500)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.lanes = {path: Completion(endpoint) for endpoint, path in UPSTREAM_PATHS.items()}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lane = self.lanes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if lane is None:
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await lane(scope, receive, tracked)
+        except (ClientError, ClientDisconnect) as exc:
+            if started:
+                raise RuntimeError("Caught handled exception, but response already started.") from exc
+            response = client_error_response(exc) if isinstance(exc, ClientError) else Response(status_code=499)
+            await response(scope, receive, send)
+
+
+def client_error_response(exc: ClientError) -> JSONResponse:
+    """The answer to a ClientError: OpenAI's error envelope, its status and headers."""
+    return JSONResponse(exc.envelope(), exc.status_code, headers=exc.headers())
 
 
 async def list_models(request: Request) -> JSONResponse:
