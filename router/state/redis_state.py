@@ -149,7 +149,11 @@ class RedisFleetState:
         res = Reservation(id=f"{self.replica_id}-{next(self._ids)}", backend=backend, tokens=max(0, tokens))
         self._table.add_load(backend, 1, res.tokens)
         self._reservations[res.id] = res
-        await self._put(backend)
+        try:
+            await self._put(backend)
+        except asyncio.CancelledError:
+            await self.release(res)  # the cancelled caller never gets the reservation: give it back now
+            raise
         return res
 
     async def release(self, reservation: Reservation) -> None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+import redis.asyncio
 
 from router.config import HealthConfig
 from router.state.base import ScrapedMetrics
@@ -67,6 +68,38 @@ async def test_replicas_see_each_others_reservations(replicas: Make) -> None:
     await b.release(r3)
     await eventually(lambda: load(a, "a") == (0, 0) and load(b, "a") == (0, 0))
     assert a.stats().round_trips > 0 and a.stats().errors == 0
+
+
+async def test_a_cancelled_caller_neither_leaks_a_reservation_nor_stops_a_release(
+    private_redis: RedisServer, replicas: Make
+) -> None:
+    """A client that hangs up cancels its request's task wherever it is, also mid-reserve or
+    mid-release while Redis has not answered yet (here: paused): the load must still come back to
+    zero, here and for the other replica."""
+    a, b = await replicas(private_redis.url, op_timeout_s=5.0), await replicas(private_redis.url, op_timeout_s=5.0)
+    admin = redis.asyncio.Redis(port=private_redis.port)
+    try:
+        await admin.client_pause(300)
+        reserving = asyncio.create_task(a.reserve("a", 100))
+        await asyncio.sleep(0.05)  # it has counted the load locally and waits on Redis
+        assert load(a, "a") == (1, 100)
+        reserving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reserving
+        assert load(a, "a") == (0, 0)
+
+        held = await a.reserve("a", 50)
+        await eventually(lambda: load(b, "a") == (1, 50))
+        await admin.client_pause(300)
+        releasing = asyncio.create_task(a.release(held))
+        await asyncio.sleep(0.05)
+        releasing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await releasing
+        assert load(a, "a") == (0, 0)
+        await eventually(lambda: load(b, "a") == (0, 0))  # published all the same, once Redis answers
+    finally:
+        await admin.aclose()
 
 
 async def test_clean_shutdown_drops_reservations_at_once(replicas: Make) -> None:
