@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Gateway instructions per proxied request, counted by valgrind's callgrind: repeatable whatever
+# else the machine is doing (unlike CPU seconds on a shared 2-core VM), so an A/B of two checkouts
+# is exact for the code the gateway runs; system calls' own cost (dear under gVisor) is not counted.
+# `chimera serve` runs under callgrind with instrumentation off; after a warm-up it is switched
+# on for REQUESTS requests (closed loop, CONCURRENCY at a time, streamed unless MODE=json), then off.
+#   GATEWAY_SRC=DIR (default: this tree)  REQUESTS=1000  CONCURRENCY=8  MODE=stream|json
+set -euo pipefail
+d=$(mktemp -d); here=$(cd "$(dirname "$0")" && pwd)
+cat > "$d/cfg.yaml" <<YAML
+gateway: {port: 18090, policy: least_outstanding, default_agent: chat, request_log: $d/req.jsonl}
+backends:
+  - {name: w, url: "http://127.0.0.1:18002", model: m, kv_budget_tokens: 100000}
+agents:
+  - {name: chat, models: [m]}
+YAML
+${PYTHON:-python} -m router.bench.fastworker --port 18002 --model m > /dev/null 2>&1 & W=$!
+(cd "${GATEWAY_SRC:-.}" && exec valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$d/cg.%p" \
+   ${PYTHON:-python} -m router.cli serve --config "$d/cfg.yaml") > "$d/gw.log" 2>&1 & G=$!
+cleanup() { kill -INT $G 2>/dev/null; sleep 2; kill $G $W 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$d"; }
+trap cleanup EXIT
+for _ in $(seq 600); do curl -sf -m 2 localhost:18090/health > /dev/null && break; sleep 0.5; done
+load() {
+  ${PYTHON:-python} - "$1" "${CONCURRENCY:-8}" "${MODE:-stream}" <<'PY'
+import asyncio, sys
+import httpx2 as httpx
+n, c, stream = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "stream"
+body = {"model": "m", "messages": [{"role": "user", "content": "hello there " * 20}], "max_tokens": 16, "stream": stream}
+async def main() -> None:
+    left = [n]
+    async with httpx.AsyncClient(base_url="http://127.0.0.1:18090", timeout=120) as client:
+        async def loop() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                r = await client.post("/v1/chat/completions", json=body)
+                assert r.status_code == 200, r.text
+        await asyncio.gather(*[loop() for _ in range(c)])
+asyncio.run(main())
+PY
+}
+load 300                                  # warm-up, not counted
+callgrind_control -i on $G > /dev/null
+load "${REQUESTS:-1000}"
+callgrind_control -i off $G > /dev/null
+callgrind_control -d $G > /dev/null; sleep 1
+total=$(for f in "$d"/cg.*; do callgrind_annotate "$f" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'; done \
+        | sort -n | tail -1)
+python3 -c "print(f'gateway instructions per request: {$total / ${REQUESTS:-1000} / 1e6:.3f} M (${MODE:-stream}, concurrency ${CONCURRENCY:-8}, ${REQUESTS:-1000} requests)')"
