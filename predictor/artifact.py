@@ -19,7 +19,9 @@ import numpy as np
 import sklearn
 
 FORMAT = "chimera-predictor"
-SCHEMA_VERSION = 2  # bump when feature columns or the Predictor's layout change
+SCHEMA_VERSION = 3  # bump when feature columns or the Predictor's layout change
+# What a file of an older schema lacks, for the refusal's message.
+SCHEMA_CHANGES = {3: "the p90s' conformal calibration", 2: "the per-prompt quality model"}
 
 
 class ArtifactError(ValueError):
@@ -65,8 +67,11 @@ def read_header(path: str | Path) -> dict[str, Any]:
 def load(path: str | Path) -> tuple[Any, dict[str, Any]]:
     """The estimator and its header. Raises ArtifactError on a schema or library version mismatch."""
     header = read_header(path)
-    if header.get("schema") != SCHEMA_VERSION:
-        raise ArtifactError(f"{path}: predictor schema {header.get('schema')} but this code reads {SCHEMA_VERSION}; "
+    schema = header.get("schema")
+    if schema != SCHEMA_VERSION:
+        lacks = [SCHEMA_CHANGES[v] for v in range(SCHEMA_VERSION, 1, -1) if isinstance(schema, int) and v > schema]
+        why = f" (it lacks {', '.join(lacks)})" if lacks else ""
+        raise ArtifactError(f"{path}: predictor schema {schema} but this code reads {SCHEMA_VERSION}{why}; "
                             "retrain with `chimera predictor train`")  # fmt: skip
     saved, here = header.get("versions", {}), versions()
     wrong = [f"{k} {saved.get(k)} (here {v})" for k, v in here.items() if saved.get(k) != v]

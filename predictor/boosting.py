@@ -22,6 +22,7 @@ from predictor.forest import PackedForest
 
 Array = npt.NDArray[np.float64]
 Slots = tuple[tuple[int, int], ...]  # (target, quantile index) pairs
+_SubForest = tuple[PackedForest | None, npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
 
 class MultiQuantileRegressor(BaseEstimator):  # type: ignore[misc]
@@ -65,6 +66,7 @@ class MultiQuantileRegressor(BaseEstimator):  # type: ignore[misc]
                 )  # fmt: skip
                 estimators.append(est.fit(X[ok], np.log(Y[ok, t])))
                 slots.append((t, qi))
+        self.__dict__.pop("_subforests", None)  # a refit drops the sub-forests packed from the old trees
         self.n_features_in_ = X.shape[1]
         self.n_targets_ = Y.shape[1]
         self.estimators_ = estimators
@@ -80,24 +82,23 @@ class MultiQuantileRegressor(BaseEstimator):  # type: ignore[misc]
         """
         require_fitted(self, "slots_")
         out = np.full((len(X), self.n_targets_, len(self.quantiles)), np.nan)
-        forest, kept = self._forest_for(slots)
+        forest, targets, quantiles = self._forest_for(slots)
         if forest is not None:
-            raw = np.exp(forest.predict(X))
-            for j, (t, qi) in enumerate(kept):
-                out[:, t, qi] = raw[:, j]
+            out[:, targets, quantiles] = np.exp(forest.predict(X))  # one scatter of every kept slot
         return out
 
-    def _forest_for(self, slots: Slots | None) -> tuple[PackedForest | None, list[tuple[int, int]]]:
-        if slots is None:
-            return self.forest_, self.slots_
-        cache: dict[Slots, tuple[PackedForest | None, list[tuple[int, int]]]]
-        cache = self.__dict__.setdefault("_subforests", {})
+    def _forest_for(self, slots: Slots | None) -> _SubForest:
+        """The packed forest of ``slots`` (all: ``None``) and the (target, quantile) index arrays of its
+        models; built once per ``slots``, then cached."""
+        cache: dict[Slots | None, _SubForest] = self.__dict__.setdefault("_subforests", {})
         hit = cache.get(slots)
         if hit is None:
-            idx = [j for j, s in enumerate(self.slots_) if s in slots]
+            idx = [j for j, s in enumerate(self.slots_) if slots is None or s in slots]
             kept = [self.slots_[j] for j in idx]
-            hit = (PackedForest([self.estimators_[j] for j in idx]) if idx else None, kept)
-            cache[slots] = hit
+            forest = self.forest_ if slots is None or not idx else PackedForest([self.estimators_[j] for j in idx])
+            targets = np.asarray([t for t, _ in kept], dtype=np.int64)
+            quantiles = np.asarray([q for _, q in kept], dtype=np.int64)
+            hit = cache[slots] = (forest, targets, quantiles)
         return hit
 
     def learned(self, target: int) -> bool:

@@ -46,9 +46,13 @@ def latency_matrix(
     n = len(views)
     prompt = float(f.prompt_tokens)
     cached = np.asarray(cached, dtype=np.float64)
+    # Inline, not _opt: 64 calls a decision.
     live = np.asarray(
-        [(_opt(v.running), _opt(v.waiting), _opt(v.kv_usage), float(v.inflight_requests), float(v.inflight_tokens),
-          _opt(v.ttft_ewma_s), _opt(v.tpot_ewma_s), min(_opt(v.metrics_age_s), 60.0)) for v in views],
+        [(-1.0 if v.running is None else float(v.running), -1.0 if v.waiting is None else float(v.waiting),
+          -1.0 if v.kv_usage is None else float(v.kv_usage), float(v.inflight_requests), float(v.inflight_tokens),
+          -1.0 if v.ttft_ewma_s is None else float(v.ttft_ewma_s),
+          -1.0 if v.tpot_ewma_s is None else float(v.tpot_ewma_s),
+          -1.0 if v.metrics_age_s is None else min(float(v.metrics_age_s), 60.0)) for v in views],
         dtype=np.float64,
     ).reshape(n, 8)  # fmt: skip
     ttft, tpot = prior[:, 0], prior[:, 1]

@@ -45,6 +45,6 @@ def length_row(f: RequestFeatures, agent_code: float, model_code: float, text_le
 
 def length_matrix(f: RequestFeatures, agent_code: float, model_codes: Array, text_len: float = -1.0) -> Array:
     """One row per candidate (they differ only in the model code)."""
-    X = np.tile(np.asarray(length_row(f, agent_code, 0.0, text_len)), (len(model_codes), 1))
+    X = np.repeat(np.asarray([length_row(f, agent_code, 0.0, text_len)]), len(model_codes), axis=0)
     X[:, MODEL_COLUMN] = model_codes
     return X

@@ -27,6 +27,8 @@ from sklearn.linear_model import Ridge
 from sklearn.model_selection import cross_val_predict
 
 from predictor.boosting import Array, require_fitted
+from predictor.calibration import MIN_ROWS, conformal_factor, group_split
+from predictor.latency import TARGETS as LATENCY_TARGETS
 from predictor.latency import LatencyModel, latency_matrix
 from predictor.length import OutputLengthModel, length_matrix, length_row
 from predictor.prior import (
@@ -97,26 +99,36 @@ def cached_shares(features: RequestFeatures, views: Sequence[BackendView]) -> Ar
 
 def _priors(f: RequestFeatures, views: Sequence[BackendView], profiles: Sequence[WorkerProfile],
             cached: Array) -> Array:  # fmt: skip
-    return np.asarray([prior_latency(profiles[i], v, f.prompt_tokens, float(cached[i])) for i, v in enumerate(views)])
+    rows = zip(profiles, views, cached.tolist(), strict=True)
+    return np.asarray([prior_latency(p, v, f.prompt_tokens, c) for p, v, c in rows])
 
 
 def _assemble(prior: Array, output: Array, remaining: Array, quality: Array, learned: Array | None) -> Prediction:
-    """Fill what the learned models did not give (NaN) from the prior; keep p90 >= p50."""
-    ttft = prior[:, 0:1] * _TTFT_FACTORS
-    tpot = prior[:, 1:2] * _TPOT_FACTORS
-    steps = np.maximum(output - 1.0, 0.0)
-    if learned is None:
-        e2e = ttft + steps * tpot
-    else:
-        ttft = np.where(np.isnan(learned[:, 0]), ttft, learned[:, 0])
-        tpot = np.where(np.isnan(learned[:, 1]), tpot, learned[:, 1])
-        e2e = np.where(np.isnan(learned[:, 2]), ttft + steps * tpot, learned[:, 2])
-    for a in (ttft, tpot, e2e, output):
-        a[:, 1] = np.maximum(a[:, 1], a[:, 0])
-    return Prediction(ttft, tpot, e2e, output, remaining, quality)
+    """Fill what the learned models did not give (NaN) from the prior; keep p90 >= p50.
+
+    ``learned``: ``(n, 3, 2)`` TTFT / TPOT / e2e x p50 / p90 (filled in place), or ``None``."""
+    if learned is None:  # the prior alone: its p90s are p50 x factors > 1, so p90 >= p50 already
+        ttft, tpot = prior[:, 0:1] * _TTFT_FACTORS, prior[:, 1:2] * _TPOT_FACTORS
+        return Prediction(ttft, tpot, ttft + np.maximum(output - 1.0, 0.0) * tpot, output, remaining, quality)
+    lat = learned
+    # Which (target, quantile) are missing depends on which models were learned, not on the row.
+    missing = np.isnan(lat[0]).tolist() if len(lat) else [[False, False]] * 3
+    if any(missing[0]):
+        lat[:, 0] = _fill(lat[:, 0], missing[0], prior[:, 0:1] * _TTFT_FACTORS)
+    if any(missing[1]):
+        lat[:, 1] = _fill(lat[:, 1], missing[1], prior[:, 1:2] * _TPOT_FACTORS)
+    if any(missing[2]):  # e2e from TTFT and TPOT (as filled, before p90 >= p50 is enforced)
+        lat[:, 2] = _fill(lat[:, 2], missing[2], lat[:, 0] + np.maximum(output - 1.0, 0.0) * lat[:, 1])
+    lat[:, :, 1] = np.maximum(lat[:, :, 1], lat[:, :, 0])
+    return Prediction(lat[:, 0], lat[:, 1], lat[:, 2], output, remaining, quality)
+
+
+def _fill(learned: Array, missing: list[bool], fallback: Array) -> Array:
+    return fallback if all(missing) else np.where(np.isnan(learned), fallback, learned)
 
 
 _TTFT_FACTORS = np.asarray([1.0, TTFT_P90_FACTOR])
+_PRIOR_OUTPUT = np.asarray(prior_output(None))
 _TPOT_FACTORS = np.asarray([1.0, TPOT_P90_FACTOR])
 
 
@@ -163,15 +175,21 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         length: OutputLengthModel | None = None,
         latency: LatencyModel | None = None,
         quality: QualityModel | None = None,
+        calibration: float = 0.25,
+        random_state: int = 0,
     ) -> None:
         self.length = length
         self.latency = latency
         self.quality = quality
+        self.calibration = calibration  # share of the training workflows held out to calibrate the p90s; 0: none
+        self.random_state = random_state  # which workflows are held out
 
     def fit(self, X: Sequence[Sample], y: Any = None) -> Self:
         samples = list(X)
         if not samples:
             raise ValueError("no training samples")
+        # First the calibration (a copy fitted on part of the data), then the model on all of it.
+        self.output_factor_, self.latency_shift_ = self._calibrate(samples)
         self.agents_ = tuple(sorted({s.features.agent for s in samples}))
         self.models_ = tuple(sorted({s.view.model for s in samples}))
         text_len = self._fit_text_length(samples)
@@ -181,7 +199,7 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         ])  # fmt: skip
         Y_len = np.asarray([[_nan(s.output_tokens), _nan(s.remaining_tokens)] for s in samples])
         self.length_ = clone(self.length if self.length is not None else OutputLengthModel()).fit(X_len, Y_len)
-        output = self._output(self.length_.predict(X_len), [s.features.max_tokens for s in samples])
+        output = self._output(self.length_.predict(X_len), _caps([s.features.max_tokens for s in samples]))
         rows = []
         for i, s in enumerate(samples):
             cached = np.asarray([s.features.prefix_hits.get(s.view.name, 0.0)])
@@ -200,6 +218,30 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         )  # fmt: skip
         self.n_samples_ = len(samples)
         return self
+
+    def _calibrate(self, samples: Sequence[Sample]) -> tuple[float, Array]:
+        """Split-conformal factors of the upper quantiles (:mod:`predictor.calibration`): the output
+        tokens' p90 factor, and ``(3, 2)`` for TTFT / TPOT / e2e x p50 / p90; 1.0 where not calibrated
+        (the medians, targets with too few held-out rows; the remaining output's p90 is not reported)."""
+        output_factor, latency_shift = 1.0, np.ones((len(LATENCY_TARGETS), 2))
+        if self.calibration <= 0.0:
+            return output_factor, latency_shift
+        held = group_split([s.features.workflow_id for s in samples], self.calibration, self.random_state)
+        if held.sum() < MIN_ROWS or (~held).sum() < MIN_ROWS:
+            return output_factor, latency_shift
+        sub = clone(self).set_params(calibration=0.0).fit([s for s, h in zip(samples, held, strict=True) if not h])
+        cal = [s for s, h in zip(samples, held, strict=True) if h]
+        pred = np.full((len(cal), 4), np.nan)  # output, TTFT, TPOT, e2e upper quantiles
+        for i, s in enumerate(cal):
+            p = sub.predict(s.features, (s.view,), (s.profile,), full=True)
+            pred[i] = p.output[0, 1], p.ttft[0, 1], p.tpot[0, 1], p.e2e[0, 1]
+        actual = np.asarray([[_nan(s.output_tokens), _nan(s.ttft_s), _nan(s.tpot_s), _nan(s.e2e_s)] for s in cal])
+        levels = (sub.length_.quantiles[1], *[sub.latency_.quantiles[1]] * 3)
+        # Only what the copy learned: a target it left to the prior says nothing of the learned model's.
+        learned = (sub.length_.learned(0), *(sub.latency_.learned(t) for t in range(len(LATENCY_TARGETS))))
+        factors = [conformal_factor(actual[:, j], pred[:, j], q) if learned[j] else 1.0 for j, q in enumerate(levels)]
+        latency_shift[:, 1] = factors[1:]
+        return factors[0], latency_shift
 
     def _text_rows(self, feats: Sequence[RequestFeatures]) -> Any:
         onehot = np.asarray([[f.agent == a for a in self.agents_] for f in feats], dtype=np.float64)
@@ -232,12 +274,13 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
             z += self.text_coef_[N_TERMS + self.agents_.index(f.agent)]
         return float(z)
 
-    def _output(self, pred: Array, caps: Sequence[int | None]) -> Array:
-        """This request's output p50/p90 from the length model's ``(n, targets, quantiles)``."""
-        out = pred[:, 0, :].copy()
-        cap = np.asarray([c if c else np.inf for c in caps], dtype=np.float64)
-        for q, default in enumerate(prior_output(None)):
-            out[:, q] = np.minimum(np.where(np.isnan(out[:, q]), default, out[:, q]), cap)
+    def _output(self, pred: Array, caps: Array | float) -> Array:
+        """This request's output p50/p90 from the length model's ``(n, targets, quantiles)``; ``caps``:
+        each row's ``max_tokens`` (inf: none), or one for every row."""
+        out = pred[:, 0, :]
+        if np.isnan(out).any():  # the length model was not learned: the prior's defaults
+            out = np.where(np.isnan(out), _PRIOR_OUTPUT, out)
+        out = np.minimum(out, caps if isinstance(caps, float) else caps[:, None])
         out[:, 1] = np.maximum(out[:, 1], out[:, 0])
         return out
 
@@ -261,14 +304,23 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         terms = np.fromiter(features.terms, np.int64, len(features.terms))  # once, for length and quality
         X_len = length_matrix(features, _code(self.agents_, features.agent), codes, self._text_length(features, terms))
         pred = self.length_.predict(X_len, None if full else LENGTH_SLOTS)[[distinct.index(m) for m in models]]
-        output = self._output(pred, [features.max_tokens] * len(views))
-        remaining = np.where(np.isnan(pred[:, 1, 0]), output[:, 0], pred[:, 1, 0])
+        cap = float(features.max_tokens) if features.max_tokens else math.inf
+        output = self._output(pred, cap)  # uncalibrated: what the latency model was trained on
         prior = _priors(features, views, profiles, cached)
         X_lat = latency_matrix(features, views, profiles, cached, output, prior)
-        learned = self.latency_.predict(X_lat, None if full else LATENCY_SLOTS)
+        learned = self.latency_.predict(X_lat, None if full else LATENCY_SLOTS) * self.latency_shift_
+        if self.output_factor_ != 1.0:  # the calibrated p90 (the features above keep the fitted one)
+            output[:, 1] = np.maximum(np.minimum(pred[:, 0, 1] * self.output_factor_, cap), output[:, 0])
+        remaining = np.where(np.isnan(pred[:, 1, 0]), output[:, 0], pred[:, 1, 0])
         priors_q = np.asarray([p.quality for p in profiles])
         quality = self.quality_.predict_proba(terms, _quality_extras(features), features.agent, models, priors_q)
         return _assemble(prior, output, remaining, quality, learned)
+
+    def calibration_factors(self) -> dict[str, float]:
+        """The conformal factors of the upper quantiles (1.0: not calibrated), by target."""
+        require_fitted(self, "latency_shift_")
+        return {"output_tokens": float(self.output_factor_),
+                **{t: float(f) for t, f in zip(LATENCY_TARGETS, self.latency_shift_[:, 1], strict=True)}}  # fmt: skip
 
 
 def _quality_extras(f: RequestFeatures) -> Array:
@@ -276,6 +328,10 @@ def _quality_extras(f: RequestFeatures) -> Array:
     harder) and the workflow stage (a later round of a workflow)."""
     stage = -0.25 if f.workflow_stage is None else min(f.workflow_stage, 8) / 4.0
     return np.asarray([math.log1p(f.prompt_tokens) / 8.0, stage])
+
+
+def _caps(max_tokens: Sequence[int | None]) -> Array:
+    return np.asarray([c if c else np.inf for c in max_tokens], dtype=np.float64)
 
 
 def _nan(v: float | None) -> float:

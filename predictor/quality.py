@@ -67,6 +67,7 @@ class QualityModel(BaseEstimator):  # type: ignore[misc]
         roles = np.asarray(list(groups) if groups is not None else [POOLED] * len(names), dtype=object)
         if not (len(names) == len(roles) == len(y) == X.shape[0]):
             raise ValueError("X, y, models and groups must have the same length")
+        self.__dict__.pop("_per_model_cache", None)
         self.n_features_in_ = X.shape[1]
         self.models_ = tuple(sorted(set(names.tolist())))
         self.model_index_ = {m: i for i, m in enumerate(self.models_)}
@@ -109,21 +110,34 @@ class QualityModel(BaseEstimator):  # type: ignore[misc]
         """P(good) of each of ``models`` answering ``group``'s prompt with task ``terms`` (ids) and
         ``extras``; ``priors`` where a model had no feedback."""
         require_fitted(self, "groups_")
-        out = np.asarray(priors, dtype=np.float64).copy()
+        out = np.array(priors, dtype=np.float64)
         if not self.groups_:
             return out
         g = self.groups_.index(group) if group in self.groups_ else len(self.groups_) - 1
         w = self.coef_[g]
         t = np.asarray(terms, dtype=np.int64)
         z0 = float(w[t[(t >= 0) & (t < self.n_terms)]].sum() + w[self.n_terms :] @ extras) + self.intercept_[g]
-        index = self.model_index_
-        idx = [index.get(m, -1) for m in models]
-        known: Any = slice(None)
-        j = np.asarray(idx)
-        if min(idx) < 0:  # some model had no feedback: it keeps its prior
-            known = j >= 0
-            j = j[known]
-        n = self.counts_[g, j]
-        p = 1.0 / (1.0 + np.exp(-(z0 + self.model_coef_[g, j])))
-        out[known] = (n * p + self.prior_strength * out[known]) / (n + self.prior_strength)
+        known, offset, n, n_k = self._per_model(g, tuple(models))
+        p = 1.0 / (1.0 + np.exp(-(z0 + offset)))
+        out[known] = (n * p + self.prior_strength * out[known]) / n_k
         return out
+
+    def _per_model(self, g: int, models: tuple[str, ...]) -> tuple[Any, Array, Array, Array]:
+        """(which of ``models`` had feedback, their offsets, feedback counts, counts + prior strength) for
+        group ``g``: the same for every decision over the same candidates, so cached (``models`` is the
+        candidates' models in order; a refit makes a new estimator)."""
+        cache: dict[tuple[int, tuple[str, ...]], tuple[Any, Array, Array, Array]]
+        cache = self.__dict__.setdefault("_per_model_cache", {})
+        hit = cache.get((g, models))
+        if hit is None:
+            idx = [self.model_index_.get(m, -1) for m in models]
+            j = np.asarray(idx, dtype=np.int64)
+            known: Any = slice(None)
+            if min(idx) < 0:  # some model had no feedback: it keeps its prior
+                known = j >= 0
+                j = j[known]
+            n = self.counts_[g, j]
+            hit = cache[(g, models)] = (known, self.model_coef_[g, j], n, n + self.prior_strength)
+            if len(cache) > 1024:  # candidate sets are few; bound it anyway
+                cache.clear()
+        return hit

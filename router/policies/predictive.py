@@ -71,8 +71,11 @@ def rank(
     slos = [(v, s) for v, s in ((ttft90, features.ttft_slo_ms), (tpot90, features.tpot_slo_ms),
                                 (e2e90, features.e2e_slo_ms)) if s is not None]  # fmt: skip
     mq = features.min_quality
-    late = [sum(max(0.0, v[i] - s) / s for v, s in slos) + (max(0.0, mq - quality[i]) if mq is not None else 0.0)
-            for i in range(n)]  # fmt: skip
+    late = [0.0] * n  # each candidate's relative lateness summed over its SLOs, then the missing quality
+    for v, s in slos:
+        late = [x + max(0.0, y - s) / s for x, y in zip(late, v, strict=True)]
+    if mq is not None:
+        late = [x + max(0.0, mq - q) for x, q in zip(late, quality, strict=True)]
     ok = [i for i in range(n) if late[i] <= 0.0]
     if not ok:
         return sorted(range(n), key=lambda i: (late[i], e2e90[i])), "least_late"
@@ -109,11 +112,11 @@ def make_predictive(
         scale = np.fromiter((w.time_scale for w in worker_profiles), np.float64, len(views))
         order, why = rank(p, features, slack, scale, wrong_ms)
         i = order[0]
+        rows = (a[i].tolist() for a in (p.ttft, p.tpot, p.e2e, p.output))
+        (ttft, ttft90), (tpot, _), (e2e, e2e90), (out, out90) = rows
         predicted = {
-            "ttft_ms": float(p.ttft[i, 0] * 1e3), "ttft_p90_ms": float(p.ttft[i, 1] * 1e3),
-            "tpot_ms": float(p.tpot[i, 0] * 1e3), "e2e_ms": float(p.e2e[i, 0] * 1e3),
-            "e2e_p90_ms": float(p.e2e[i, 1] * 1e3), "quality": float(p.quality[i]),
-            "output_tokens": float(p.output[i, 0]), "output_tokens_p90": float(p.output[i, 1]),
+            "ttft_ms": ttft * 1e3, "ttft_p90_ms": ttft90 * 1e3, "tpot_ms": tpot * 1e3, "e2e_ms": e2e * 1e3,
+            "e2e_p90_ms": e2e90 * 1e3, "quality": float(p.quality[i]), "output_tokens": out, "output_tokens_p90": out90,
             "workflow_remaining_tokens": float(p.remaining[i]),
         }  # fmt: skip
         return Decision(ranked=tuple(views[j].name for j in order), reason=f"predictive:{why}", predicted=predicted)

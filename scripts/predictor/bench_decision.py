@@ -39,12 +39,9 @@ def timeit(fn: Callable[[], object], n: int) -> tuple[float, float]:
     return float(np.median(ts) * 1e6), float(np.quantile(ts, 0.99) * 1e6)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", help="a predictor file (default: the prior)")
-    ap.add_argument("-n", type=int, default=5000)
-    args = ap.parse_args()
-    est = artifact.load(args.model)[0] if args.model else PriorPredictor()
+def setup(model: str | None) -> tuple[Callable[[], object], Callable[[], object], int]:
+    """(one decision over 8 workers, the per-request text features, the prompt's words) of a coder step."""
+    est = artifact.load(model)[0] if model else PriorPredictor()
     views = tuple(
         BackendView(name=f"w{i}", model=MODELS[i % 4], running=3 * i, waiting=i // 4, kv_usage=0.04 * i,
                     inflight_requests=3 * i, inflight_tokens=2500 * i, ttft_ewma_s=0.1, tpot_ewma_s=0.02,
@@ -65,12 +62,24 @@ def main() -> None:
                         max_tokens=2048, stream=True, message_count=len(step.messages), ttft_slo_ms=6000,
                         e2e_slo_ms=160000, sketch=sk, terms=terms, prefix_hits={"w2": 0.5})  # fmt: skip
     snap = FleetSnapshot(views)
-    p50, p99 = timeit(lambda: policy(f, snap), args.n)
-    print(f"decision over 8 workers ({type(est).__name__}): p50 {p50:.0f} us  p99 {p99:.0f} us")
-    p50, p99 = timeit(
-        lambda: (text_features(prompt_text("chat", body), task_text("chat", body)), prefix_hashes(text)), args.n // 5
+    return (
+        (lambda: policy(f, snap)),
+        (lambda: (text_features(prompt_text("chat", body), task_text("chat", body)), prefix_hashes(text))),
+        len(text.split()),
     )
-    print(f"per-request text features ({len(text.split())} words): p50 {p50:.0f} us  p99 {p99:.0f} us")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", help="a predictor file (default: the prior)")
+    ap.add_argument("-n", type=int, default=5000)
+    args = ap.parse_args()
+    decide, text_work, words = setup(args.model)
+    kind = "Predictor" if args.model else "PriorPredictor"
+    p50, p99 = timeit(decide, args.n)
+    print(f"decision over 8 workers ({kind}): p50 {p50:.0f} us  p99 {p99:.0f} us")
+    p50, p99 = timeit(text_work, args.n // 5)
+    print(f"per-request text features ({words} words): p50 {p50:.0f} us  p99 {p99:.0f} us")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def fitted() -> Predictor:
 
 def test_init_only_stores_hyper_parameters_and_clone_works() -> None:
     p = Predictor(length=OutputLengthModel(max_iter=7))
-    assert p.get_params()["length__max_iter"] == 7
+    assert p.get_params()["length__max_iter"] == 7 and p.get_params()["calibration"] == 0.25
     assert not [k for k in vars(p) if k.endswith("_")]
     assert clone(p).get_params()["length__max_iter"] == 7
 
@@ -119,9 +119,15 @@ def test_packed_forest_equals_sklearn() -> None:
     rng = np.random.default_rng(0)
     X, y = rng.random((400, 5)), rng.random(400)
     models = [HistGradientBoostingRegressor(loss="quantile", quantile=q, max_iter=10).fit(X, y) for q in (0.5, 0.9)]
-    Xq = rng.random((8, 5))
-    expect = np.stack([m.predict(Xq) for m in models], axis=1)
-    np.testing.assert_allclose(PackedForest(models).predict(Xq), expect, rtol=1e-12, atol=1e-12)
+    forest = PackedForest(models)
+    for n in (1, 8, 70):  # 70: more rows than one walk's block
+        Xq = rng.random((n, 5))
+        Xq[: n // 2, 1] = X[: n // 2, 1]  # values that were split on
+        expect = np.stack([m.predict(Xq) for m in models], axis=1)
+        np.testing.assert_allclose(forest.predict(Xq), expect, rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(pickle.loads(pickle.dumps(forest)).predict(Xq), forest.predict(Xq))
+    with pytest.raises(ValueError, match="5 features"):
+        forest.predict(rng.random((2, 4)))
 
 
 def test_save_load_round_trip(fitted: Predictor, tmp_path: Path) -> None:
@@ -144,6 +150,9 @@ def test_mismatched_versions_and_schema_are_refused(fitted: Predictor, tmp_path:
         artifact.load(path)
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 999}, fitted)
     with pytest.raises(artifact.ArtifactError, match="schema 999"):
+        artifact.load(path)
+    artifact.write(path, {**header, "versions": artifact.versions(), "schema": 2}, fitted)
+    with pytest.raises(artifact.ArtifactError, match=r"schema 2 .*lacks the p90s' conformal calibration.*retrain"):
         artifact.load(path)
     path.write_bytes(pickle.dumps({"something": "else"}))
     with pytest.raises(artifact.ArtifactError, match="not a chimera predictor"):
