@@ -28,7 +28,7 @@ def free_port() -> int:
 class ServerThread:
     """One ASGI app served by uvicorn on 127.0.0.1 in a daemon thread."""
 
-    def __init__(self, app: Any, *, lifespan: str = "on", log_level: str = "error") -> None:
+    def __init__(self, app: Any, *, lifespan: str = "on", log_level: str = "error", http: Any = "auto") -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -36,7 +36,7 @@ class ServerThread:
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
             app, lifespan=lifespan, log_level=log_level, log_config=None, access_log=False, ws="none",
-            timeout_graceful_shutdown=3, timeout_keep_alive=30,
+            timeout_graceful_shutdown=3, timeout_keep_alive=30, http=http,
         )  # fmt: skip
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
@@ -108,14 +108,16 @@ def sim_server() -> Iterator[Callable[..., ServerThread]]:
 
 @pytest.fixture
 def gateway_server() -> Iterator[Callable[..., ServerThread]]:
-    """Start gateways: ``gateway_server(config, probe=False, ...)`` → a running ServerThread."""
+    """Start gateways: ``gateway_server(config, probe=False, ...)`` → a running ServerThread, on
+    the HTTP protocol ``chimera serve`` uses."""
     from router.app import create_app
+    from router.wire import HeadFirstProtocol
 
     started: list[ServerThread] = []
 
     def start(config: Config, **kwargs: Any) -> ServerThread:
         kwargs.setdefault("probe", False)
-        srv = ServerThread(create_app(config, **kwargs)).start()
+        srv = ServerThread(create_app(config, **kwargs), http=HeadFirstProtocol).start()
         started.append(srv)
         return srv
 
