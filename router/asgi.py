@@ -14,6 +14,17 @@ import backends.asgi
 from router.errors import BodyTooLarge
 
 
+def route_path(scope: Scope) -> str:
+    """The request's path below the app's mount point: ``scope["path"]`` less a ``root_path`` that
+    prefixes it (uvicorn ``--root-path`` puts it in both), as Starlette's router matches routes."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if not root or not path.startswith(root):
+        return path
+    rest = path[len(root) :]
+    return rest if not rest or rest[0] == "/" else path
+
+
 def header_map(scope: Scope) -> dict[str, str]:
     """The request's headers by (lowercase) name; where a name repeats, its first value, as
     ``starlette.datastructures.Headers.get`` answers."""

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import asgi
+from router.asgi import route_path
 from router.config import AUTO_MODEL
 from router.errors import BadRequest, ClientError
 from router.features import build_features, parse_body, resolve_models
@@ -128,7 +129,7 @@ class CompletionLane:
         self.lanes = {path: Completion(endpoint) for endpoint, path in UPSTREAM_PATHS.items()}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        lane = self.lanes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        lane = self.lanes.get(route_path(scope)) if scope["type"] == "http" and scope["method"] == "POST" else None
         if lane is None:
             await self.app(scope, receive, send)
             return

@@ -106,11 +106,25 @@ def _write(handler: logging.Handler, records: list[logging.LogRecord]) -> None:
             handler.handle(r)
         return
     assert isinstance(handler, logging.StreamHandler)
-    try:
-        text = "".join(handler.format(r) + handler.terminator for r in records if handler.filter(r))
-        assert handler.lock is not None  # made by Handler.__init__
-        with handler.lock:
-            stream.write(text)
-            stream.flush()
-    except Exception:
-        handler.handleError(records[0])
+    lines: list[tuple[str, logging.LogRecord]] = []
+    for r in records:  # one bad record (a format that does not fit its arguments) costs only itself
+        try:
+            kept = handler.filter(r)  # Python 3.12+: may be a replacement record
+            if kept:
+                r = kept if isinstance(kept, logging.LogRecord) else r
+                lines.append((handler.format(r) + handler.terminator, r))
+        except Exception:
+            handler.handleError(r)
+    if not lines:
+        return
+    assert handler.lock is not None  # made by Handler.__init__
+    with handler.lock:
+        try:
+            stream.write("".join(line for line, _ in lines))  # encoded whole before any byte is written
+        except Exception:  # e.g. a line the stream cannot encode: one by one, so that it costs only itself
+            for line, r in lines:
+                try:
+                    stream.write(line)
+                except Exception:
+                    handler.handleError(r)
+        stream.flush()

@@ -8,11 +8,13 @@ echoed in the response; on the completion routes it also opens the request's
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from router.asgi import route_path
 from router.gateway import gateway_in
 from router.requestlog import RequestRecord
 
@@ -33,6 +35,10 @@ class RequestIds:
     def __init__(self) -> None:
         self._pool = b""
         self._at = 0
+        os.register_at_fork(after_in_child=self._forget)  # a forked child must not hand out its parent's ids
+
+    def _forget(self) -> None:
+        self._pool, self._at = b"", 0
 
     def next(self) -> str:
         if self._at >= len(self._pool):
@@ -61,7 +67,7 @@ class RequestContextMiddleware:
         rid = _incoming_id(scope) or self.ids.next()
         state = scope.setdefault("state", {})
         state[REQUEST_ID_KEY] = rid
-        endpoint = COMPLETION_PATHS.get(scope["path"]) if scope["method"] == "POST" else None
+        endpoint = COMPLETION_PATHS.get(route_path(scope)) if scope["method"] == "POST" else None
         record = RequestRecord(request_id=rid, endpoint=endpoint) if endpoint else None
         if record is not None:
             state[RECORD_KEY] = record

@@ -160,9 +160,11 @@ class ProxyResponse:
             finally:
                 await opened.aclose()
         finally:
-            await gw.state.release(reservation)  # completes its bookkeeping even when this task is cancelled
-            if gw.admission is not None:
-                gw.admission.wake()
+            try:
+                await gw.state.release(reservation)  # completes its bookkeeping even when this task is cancelled
+            finally:
+                if gw.admission is not None:  # freed capacity: let a queued request in (cancelled or not)
+                    gw.admission.wake()
         return True
 
     def _headers(self, backend: str, opened: WorkerResponse | None = None) -> dict[str, str]:

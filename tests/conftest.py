@@ -28,7 +28,9 @@ def free_port() -> int:
 class ServerThread:
     """One ASGI app served by uvicorn on 127.0.0.1 in a daemon thread."""
 
-    def __init__(self, app: Any, *, lifespan: str = "on", log_level: str = "error", http: Any = "auto") -> None:
+    def __init__(
+        self, app: Any, *, lifespan: str = "on", log_level: str = "error", http: Any = "auto", **config: Any
+    ) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -36,7 +38,7 @@ class ServerThread:
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
             app, lifespan=lifespan, log_level=log_level, log_config=None, access_log=False, ws="none",
-            timeout_graceful_shutdown=3, timeout_keep_alive=30, http=http,
+            timeout_graceful_shutdown=3, timeout_keep_alive=30, http=http, **config,
         )  # fmt: skip
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)

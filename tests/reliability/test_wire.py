@@ -14,6 +14,7 @@ import httpx
 from starlette.testclient import TestClient
 
 from router.app import create_app
+from router.wire import HeadFirstProtocol
 from tests.conftest import ServerThread, make_config
 from tests.reliability.fastworker import fast_client
 from tests.reliability.fuzzing import KEYS, envelope_problem
@@ -41,6 +42,18 @@ def test_openapi_describes_every_route_and_the_openai_bodies() -> None:
     assert set(schemas["ErrorEnvelope"]["properties"]["error"]["required"]) == {"message", "type", "param", "code"}
     assert doc["paths"]["/fleet"]["get"]["security"] == [{"adminKey": []}]
     assert doc["paths"]["/health"]["get"]["security"] == []  # probes need no key
+
+
+def test_a_gateway_behind_a_path_prefix_serves_completions() -> None:
+    """uvicorn --root-path /gw (behind a proxy that strips /gw) puts the prefix in scope["path"] and
+    in scope["root_path"]: the completion routes and their request record must match the path
+    below it (they answered 500 before)."""
+    app = create_app(fuzz_config("round_robin"), http_client=fast_client(), probe=False)
+    with ServerThread(app, root_path="/gw", http=HeadFirstProtocol) as gw, httpx.Client(base_url=gw.url) as c:
+        r = c.post("/v1/completions", json={"model": "auto", "prompt": "hi"}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] > 0
+        assert c.get("/health").status_code == 200
 
 
 def _gateway(gateway_server: Gw, **kwargs: Any) -> ServerThread:

@@ -65,3 +65,15 @@ def test_stop_writes_what_is_still_queued() -> None:
     log.warning("last words")
     queue.stop()
     assert out.getvalue() == "last words\n"
+
+
+def test_a_bad_record_costs_only_itself() -> None:
+    out = io.StringIO()
+    queue = BatchedLogQueue([logging.StreamHandler(out)], interval_s=60)
+    log = _logger("test.logqueue.bad", queue.handler)
+    queue.start()
+    log.info("%s", "first")
+    log.warning("bad %d", "not a number")  # formatted by the thread, where it fails
+    log.info("%s", "second")
+    queue.stop()
+    assert out.getvalue() == "first\nsecond\n"
