@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import logging
@@ -140,11 +141,23 @@ def _wait_healthy(b: BackendConfig, p: subprocess.Popen[bytes], deadline: float)
 
 
 def app_factory() -> Starlette:
-    """uvicorn ``--factory`` entry for multi-process serving: the config path comes from the env."""
+    """uvicorn ``--factory`` entry for multi-process serving: the config path comes from the env.
+    Each worker process is spawned afresh, so it sets up its logging as ``serve`` does (else its
+    root logger would stay at WARNING and drop every audit line); what is queued is written at exit."""
     from router.app import create_app
 
+    _configure_logging()
+    logs = contextlib.ExitStack()
+    logs.enter_context(_log_off_the_loop())
+    atexit.register(logs.close)
     app: Starlette = create_app(load_config(os.environ[CONFIG_ENV]))
     return app
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2"):  # one line per probe is noise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def serve(
@@ -156,9 +169,7 @@ def serve(
     workers: int = 1,
     start_sims: bool = True,
 ) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpx2"):  # one line per probe is noise
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    _configure_logging()
     with _log_off_the_loop():
         _serve(cfg, config_path=config_path, host=host, port=port, workers=workers, start_sims=start_sims)
 

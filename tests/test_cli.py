@@ -154,3 +154,40 @@ def test_serve_starts_sims_and_routes(served_gateway: tuple[str, subprocess.Pope
     for port in sim_ports:
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+
+
+@pytest.mark.slow
+def test_serve_with_two_processes_audits_every_request(tmp_path: Path) -> None:
+    """`--workers 2`: each gateway process is spawned afresh and must set up its own logging, or its
+    audit lines are dropped (its root logger stays at WARNING)."""
+    worker, gw = _free_port(), _free_port()
+    fast = subprocess.Popen([sys.executable, "-m", "router.bench.fastworker", "--port", str(worker), "--model", "m"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text(
+        f"gateway: {{port: {gw}, policy: round_robin, default_agent: chat}}\n"
+        f'backends:\n  - {{name: w, url: "http://127.0.0.1:{worker}", model: m, kv_budget_tokens: 100000}}\n'
+        "agents:\n  - {name: chat, models: [m]}\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(cfg), "--workers", "2"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{gw}/v1", api_key="unused", max_retries=0)
+        deadline = time.monotonic() + 40
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{gw}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
+            time.sleep(0.2)
+        for _ in range(6):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+        fast.terminate()
+        fast.wait(timeout=10)
+    audits = [line for line in out.splitlines() if "chimera.audit" in line]
+    assert len(audits) == 6, out[-2000:]
