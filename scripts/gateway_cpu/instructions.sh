@@ -20,24 +20,7 @@ ${PYTHON:-python} -m router.bench.fastworker --port 18002 --model m > /dev/null 
 cleanup() { kill -INT $G 2>/dev/null; sleep 2; kill $G $W 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$d"; }
 trap cleanup EXIT
 for _ in $(seq 600); do curl -sf -m 2 localhost:18090/health > /dev/null && break; sleep 0.5; done
-load() {
-  ${PYTHON:-python} - "$1" "${CONCURRENCY:-8}" "${MODE:-stream}" <<'PY'
-import asyncio, sys
-import httpx2 as httpx
-n, c, stream = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "stream"
-body = {"model": "m", "messages": [{"role": "user", "content": "hello there " * 20}], "max_tokens": 16, "stream": stream}
-async def main() -> None:
-    left = [n]
-    async with httpx.AsyncClient(base_url="http://127.0.0.1:18090", timeout=120) as client:
-        async def loop() -> None:
-            while left[0] > 0:
-                left[0] -= 1
-                r = await client.post("/v1/chat/completions", json=body)
-                assert r.status_code == 200, r.text
-        await asyncio.gather(*[loop() for _ in range(c)])
-asyncio.run(main())
-PY
-}
+load() { ${PYTHON:-python} "$here/count_load.py" http://127.0.0.1:18090 "$1" "${CONCURRENCY:-8}" "${MODE:-stream}"; }
 load 300                                  # warm-up, not counted
 callgrind_control -i on $G > /dev/null
 load "${REQUESTS:-1000}"
