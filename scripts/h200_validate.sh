@@ -13,7 +13,7 @@
 # Knobs (environment): REAL (config), SEED, RATES_chat / RATES_mixed (space-separated lists), REPLICAS (gateway
 # processes per run, sharing Redis: starts .gpu/c/redis-bin/redis-server when none answers), COLOCATE=1 (probe
 # the workers sharing a GPU first: $OUT/colocate.json), KEEP=1 (leave the workers running for the next call;
-# a call that finds them all healthy skips the boot).
+# a call that finds them all healthy skips the boot), BENCH_VOCAB=1 (a tokenizer with the bench's words: scripts/calibrate/bench_vocab.py).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 \
@@ -49,6 +49,9 @@ openai.__version__)" > "$L/versions.txt" || { echo "BLOCKED: a dependency is mis
 python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >> "$L/versions.txt" 2>&1
 cat "$L/versions.txt"
 [ -d /tmp/models/qwen2.5-7b ] || python3 .gpu/bin/mkmodels.py /tmp/models > /dev/null
+# BENCH_VOCAB=1: every bench word its own token (without it the bench's English words are all <unk>: docs/REAL_VLLM.md
+# "Rerun 3"); needs a fresh boot of the workers (a tokenizer is read at start-up)
+[ "${BENCH_VOCAB:-0}" = 1 ] && python3 scripts/calibrate/bench_vocab.py /tmp/models
 python3 scripts/real_vllm.py configs "$REAL" --real-out "$L/bench-real.yaml"
 
 python3 scripts/real_vllm.py backends "$REAL" > "$L/backends.txt"

@@ -2,11 +2,17 @@
 
 python scripts/real_vllm.py backends examples/h200-real.yaml
     one line per launch: backend — name, port, model, profile, seed (the sim seed of the twin)
-python scripts/real_vllm.py configs examples/h200-real.yaml --real-out R.yaml [--sim-out S.yaml --speedup X --own-gpus]
+python scripts/real_vllm.py configs examples/h200-real.yaml --real-out R.yaml [--sim-out S.yaml --speedup X --own-gpus
+        --tokenizer wordlevel|words]
     R: the same fleet and agents, each backend's url moved to its sim-fields proxy (port + 1000)
     S: the same fleet as simulated workers (profile, the real KV budget, the same seeds); the
        backends keep their `gpu:`, so those on one GPU share one simulated GPU clock (one
-       `chimera sim` process); --own-gpus drops `gpu:` and gives each its own (the first run)
+       `chimera sim` process); --own-gpus drops `gpu:` and gives each its own (the first run).
+       --tokenizer wordlevel (the default) gives each sim the tokenizer the real test models had
+       (../shared/gpu/mkmodels.py: the bench's words are all <unk>, so real prompts hit vLLM's prefix
+       cache far more than distinct words would): a copy of each profile with that `tokenizer`, in
+       S's folder as <S stem>-profiles/<profile>.json; --tokenizer words keeps the shipped profiles;
+       --async-scheduling sets the profiles' async_scheduling (vLLM 0.26's default; docs/CALIBRATION.md)
 python scripts/real_vllm.py bench --speedup X --config S.yaml --workload W --policy P --rate R --duration D
         --warmup W --drain T --seed N --out DIR
     `chimera bench` of the sim fleet slowed down by X (< 1: the sims at speedup X, so a loaded CPU keeps up):
@@ -31,6 +37,8 @@ import yaml
 from fleet_report import modelled_ms  # next to this file
 
 PROXY_OFFSET = 1000
+# The vocabulary sizes of the H200 test models (../shared/gpu/mkmodels.py, the published Qwen2.5 shapes).
+VOCAB_SIZES = {"qwen2.5-0.5b": 151936, "qwen2.5-1.5b": 151936, "qwen2.5-7b": 152064, "qwen2.5-14b": 152064}
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -61,10 +69,30 @@ def cmd_configs(args: argparse.Namespace) -> None:
         sim = json.loads(json.dumps(src))
         for i, b in enumerate(sim["backends"], 1):
             b.pop("launch", None)
-            b["sim"] = {"profile": b["profile"], "speedup": args.speedup, "seed": i, "kv_tokens": b["kv_budget_tokens"]}
+            profile = b["profile"]
+            if args.tokenizer != "words" or args.async_scheduling:
+                profile = derived_profile(b["profile"], args.sim_out, args.tokenizer, args.async_scheduling)
+            b["sim"] = {"profile": profile, "speedup": args.speedup, "seed": i, "kv_tokens": b["kv_budget_tokens"]}
             if args.own_gpus:
                 b.pop("gpu", None)
         Path(args.sim_out).write_text(yaml.safe_dump(sim, sort_keys=False))
+
+
+def derived_profile(name: str, sim_out: str, tokenizer: str, async_scheduling: bool) -> str:
+    """A copy of profile ``name`` with the given tokenizer (and async scheduling); returns its path."""
+    from backends.sim.profile import PROFILE_DIR, parse_profile
+
+    path = Path(name) if name.endswith(".json") else PROFILE_DIR / f"{name}.json"
+    raw = json.loads(path.read_text())
+    if tokenizer == "wordlevel":
+        raw["tokenizer"] = {"kind": "wordlevel", "vocab_size": VOCAB_SIZES.get(raw["model"], 151936)}
+    if async_scheduling:
+        raw["async_scheduling"] = True
+    parse_profile(raw, source=str(path))  # still a valid profile
+    out = Path(sim_out).with_name(Path(sim_out).stem + "-profiles") / f"{path.stem}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(raw, indent=1) + "\n")
+    return str(out.resolve())
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -98,12 +126,12 @@ def cmd_merge(args: argparse.Namespace) -> None:
 METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "e2e"))
 
 
-def table(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list[str], list[float]]:
+def table(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, float]]]:
     """Markdown rows per workload and policy, and every relative sim-real difference."""
     rows = ["| workload | policy | rate (wf/s, H200 time) | " + " | ".join(
         f"{label} {q} real / sim (Δ)" for _, label in METRICS for q in ("p50", "p99")) + " | requests real / sim |",
         "|" + " --- |" * 10]  # fmt: skip
-    diffs: list[float] = []
+    diffs: list[tuple[str, float]] = []  # (metric, relative difference)
     by_key = {(e["workload"], e["policy"]): e for e in sim}
     for r in real:
         s = by_key.get((r["workload"], r["policy"]))
@@ -116,7 +144,7 @@ def table(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list[s
                     cells.append("-")
                     continue
                 d = (b - a) / a if a else 0.0
-                diffs.append(d)
+                diffs.append((f"{key.split('_')[0].upper()} {q}", d))
                 cells.append(
                     f"{a:.0f} / {b:.0f} ({100 * d:+.0f}%)" if a >= 100 else f"{a:.1f} / {b:.1f} ({100 * d:+.0f}%)"
                 )
@@ -131,9 +159,14 @@ def cmd_table(args: argparse.Namespace) -> None:
     rows, diffs = table(real, sim)
     print("\n".join(rows))
     if diffs:
-        within = sum(abs(d) <= 0.10 for d in diffs)
+        within = sum(abs(d) <= 0.10 for _, d in diffs)
         print(f"\n{within} of {len(diffs)} sim latencies within 10% of real; "
-              f"median |Δ| {100 * sorted(abs(d) for d in diffs)[len(diffs) // 2]:.0f}%")  # fmt: skip
+              f"median |Δ| {100 * sorted(abs(d) for _, d in diffs)[len(diffs) // 2]:.0f}%")  # fmt: skip
+        counts: dict[str, list[int]] = {}
+        for m, d in diffs:
+            counts.setdefault(m, [0, 0])[0] += abs(d) <= 0.10
+            counts[m][1] += 1
+        print("within 10% by metric: " + ", ".join(f"{m} {a}/{n}" for m, (a, n) in counts.items()))
 
 
 def cmd_per_backend(args: argparse.Namespace) -> None:
@@ -170,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--sim-out")
     c.add_argument("--speedup", type=float, default=1.0)
     c.add_argument("--own-gpus", action="store_true", help="sim: one GPU per worker (drop gpu:)")
+    c.add_argument(
+        "--tokenizer",
+        choices=("wordlevel", "words"),
+        default="wordlevel",
+        help="sim: the real test models' word-level tokenizer (default) or the sim's own words",
+    )
+    c.add_argument("--async-scheduling", action="store_true", help="sim: profiles with async_scheduling on")
     bn = sub.add_parser("bench", help="chimera bench of a sim fleet slowed down by --speedup, same arrivals")
     bn.add_argument("--speedup", type=float, required=True)
     bn.add_argument("--config", required=True)

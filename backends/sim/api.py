@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from backends.sim.textgen import VOCAB, chat_text, tokenize
+from backends.sim.textgen import VOCAB, WORDS_TOKENIZER, Tokenizer, chat_text
 
 WORDS = [w.encode() for w in VOCAB]
 SPACED_WORDS = [b" " + w for w in WORDS]
@@ -53,7 +53,9 @@ class Completion:
     seed: int | None
 
 
-def parse_completion(body: bytes, chat: bool, served_model: str, max_model_len: int) -> Completion:
+def parse_completion(
+    body: bytes, chat: bool, served_model: str, max_model_len: int, tokenizer: Tokenizer = WORDS_TOKENIZER
+) -> Completion:
     try:
         req = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -71,9 +73,9 @@ def parse_completion(body: bytes, chat: bool, served_model: str, max_model_len: 
             text = chat_text(messages)
         except ValueError as exc:
             raise ApiError(400, str(exc), "messages") from exc
-        ids = tokenize(text)
+        ids = tokenizer.encode_chat(text)
     else:
-        text, ids = _prompt(req.get("prompt"))
+        text, ids = _prompt(req.get("prompt"), tokenizer)
     if not ids:
         raise ApiError(400, "The prompt cannot be empty", "prompt")
     n = _opt_int(req, "n", 1)
@@ -124,11 +126,11 @@ def parse_completion(body: bytes, chat: bool, served_model: str, max_model_len: 
     )
 
 
-def _prompt(prompt: Any) -> tuple[str, list[int]]:
+def _prompt(prompt: Any, tokenizer: Tokenizer) -> tuple[str, list[int]]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return prompt, tokenize(prompt)
+        return prompt, tokenizer.encode(prompt)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return " ".join(map(str, prompt)), list(prompt)
     raise ApiError(400, "'prompt' must be a string or a list of token ids (one prompt only)", "prompt")

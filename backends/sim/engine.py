@@ -190,6 +190,10 @@ class Engine:
         self._fe_request = fe.per_request / speedup if fe is not None else 0.0
         self._fe_token = fe.per_prompt_token / speedup if fe is not None else 0.0
         self._fe_free = float("-inf")  # when the serial front end is next free (loop clock)
+        self._async = profile.async_scheduling
+        # the previous step's (start, end): under async scheduling a step that follows it back to back
+        # was scheduled when it started, so it admits only requests queued by then
+        self._prev = (float("-inf"), float("-inf"))
 
     @property
     def capacity_tokens(self) -> int:
@@ -277,8 +281,11 @@ class Engine:
             i += 1
         if not preempted:
             waiting = self.waiting
+            seen_by = self._admit_by(now, bool(reqs))
             while waiting and budget > 0 and len(running) < self.max_num_seqs:
                 req = waiting[0]
+                if req.queued_at > seen_by:
+                    break  # arrived while the previous step ran: vLLM had already scheduled this one
                 total = req.num_tokens
                 prefix = kv.find_prefix(req, total)
                 start = len(prefix) * bs
@@ -315,6 +322,19 @@ class Engine:
                 seconds = (seconds if seconds > floor else floor) + self._eager_extra + self._eager_per_token * tokens
             batch.duration = seconds / self.speedup
         return batch
+
+    def _admit_by(self, now: float, busy: bool) -> float:
+        """The latest queue time a request may have to join the step scheduled at ``now``.
+
+        Synchronous scheduling: no limit. Async: a step that follows the previous one back to back was
+        scheduled when that one started; a request that came later waits one more step. Only when the
+        step has other work: a lone request on an engine going idle is scheduled at once (in vLLM the
+        finished requests' look-ahead step would cost it that step too; not modelled).
+        """
+        start, end = self._prev
+        if self._async and busy and end >= now - 1e-9:
+            return start
+        return float("inf")  # everyone queued (the schedule may run behind the loop's clock)
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
@@ -369,6 +389,7 @@ class Engine:
             self.running = [r for r in self.running if r.status is running_status]
         st.steps += 1
         st.busy_s += batch.duration
+        self._prev = (batch.start, now)
 
     # -- the clock ------------------------------------------------------------------------------
     def step(self, now: float) -> Batch:

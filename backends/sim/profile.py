@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.sim.textgen import TOKENIZER_KINDS, WORDS_TOKENIZER, Tokenizer
+
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
 #: Features of one engine step that the step-time model is linear in.
@@ -83,6 +85,13 @@ class Profile:
     #: The share of the linear model's step time that is GPU work (the rest is the engine's CPU work:
     #: scheduler, sampler, launches). Matters only for workers that share a GPU (backends/sim/gpu.py).
     gpu_share: float = 1.0
+    #: How prompts become token ids (``textgen.Tokenizer``): the sim's own words unless the profile
+    #: names the real test models' word-level tokenizer (what the H200 comparison runs served).
+    tokenizer: Tokenizer = WORDS_TOKENIZER
+    #: vLLM's async scheduling (on by default since ~0.20 for a plain generative model): the engine
+    #: schedules step N+1 while step N runs, so a request that reaches a busy engine's queue during
+    #: step N is first scheduled in step N+2 (one step later than a synchronous scheduler).
+    async_scheduling: bool = False
 
 
 def available_profiles() -> list[str]:
@@ -137,6 +146,8 @@ def parse_profile(raw: Any, source: str = "<profile>") -> Profile:
             cudagraph=_cudagraph(source, raw),
             frontend=_frontend(source, raw),
             gpu_share=_share(source, raw.get("gpu_share", 1.0)),
+            tokenizer=_tokenizer(source, raw),
+            async_scheduling=_flag(source, "async_scheduling", raw.get("async_scheduling", False)),
         )
     except KeyError as exc:
         raise ProfileError(f"profile {source}: missing key {exc.args[0]!r}") from exc
@@ -174,6 +185,23 @@ def _cudagraph(source: str, raw: dict[str, Any]) -> CudaGraph | None:
             source, "cudagraph.eager_per_token_s", sec.get("eager_per_token_s", 0.0), minimum=0.0
         ),
     )
+
+
+def _flag(source: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ProfileError(f"profile {source}: {key} must be true or false, got {value!r}")
+    return value
+
+
+def _tokenizer(source: str, raw: dict[str, Any]) -> Tokenizer:
+    sec = _section(source, raw, "tokenizer", ("kind", "vocab_size"))
+    kind = sec.get("kind", "words")
+    if kind not in TOKENIZER_KINDS:
+        known = ", ".join(TOKENIZER_KINDS)
+        raise ProfileError(f"profile {source}: tokenizer.kind must be one of {known}, got {kind!r}")
+    if "vocab_size" not in sec:
+        return Tokenizer(kind)
+    return Tokenizer(kind, _int(source, "tokenizer.vocab_size", sec["vocab_size"]))
 
 
 def _frontend(source: str, raw: dict[str, Any]) -> Frontend | None:

@@ -1,9 +1,11 @@
 """Deterministic stand-ins for a tokenizer and a model's answer.
 
 One token per whitespace-separated word, mapped to an int by CRC-32 (stable across processes).
-Generated text is one word per token (``tok<k>``), so usage counts are exact and re-tokenizing an
-answer gives back its token count. Every random choice about a request is derived from a hash of
-``(seed, model, prompt text, ...)``, never from arrival order, so answers are reproducible.
+A profile may instead name the word-level tokenizer the H200 test models were served with
+(:class:`Tokenizer`, ``"tokenizer": {"kind": "wordlevel"}``). Generated text is one word per token
+(``tok<k>``), so usage counts are exact and re-tokenizing an answer gives back its token count.
+Every random choice about a request is derived from a hash of ``(seed, model, prompt text, ...)``,
+never from arrival order, so answers are reproducible.
 
 Correctness model: with ``sim.difficulty = D`` the answer ends in ``[correct]`` with probability
 ``1 / (1 + exp(-CORRECTNESS_SLOPE * (quality - D)))`` and in ``[wrong]`` otherwise.
@@ -33,6 +35,51 @@ MARKER_INDEX = {CORRECT: VOCAB_SIZE, WRONG: VOCAB_SIZE + 1}
 def tokenize(text: str) -> list[int]:
     crc = zlib.crc32
     return [crc(w.encode()) for w in text.split()]
+
+
+TOKENIZER_KINDS = ("words", "wordlevel")
+UNK_ID = 0
+_OWN_WORD_IDS = dict(zip(VOCAB[:VOCAB_SIZE], VOCAB_IDS[:VOCAB_SIZE], strict=True))
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """How the served model turns a prompt into token ids.
+
+    ``words`` (the default): every word is its own token (CRC-32), so distinct words are distinct
+    tokens. ``wordlevel``: the tokenizer of the random-weight test models that real vLLM served on the
+    H200 (``../shared/gpu/mkmodels.py``): a word-level vocabulary of ``w3`` ... ``w<vocab_size - 1>``,
+    every other word ``<unk>`` (id 0), and a chat template ``"{role} {content} "`` per message followed
+    by ``assistant`` (one more ``<unk>``). Under it the bench's English prompts are runs of ``<unk>``, so
+    any prompt is a prefix of every longer one and vLLM's prefix cache hits most of it. The sim's own
+    answer words (``tok<k>``) keep their ids: they stand for the noise words (``w<k>``) that the real
+    random-weight models wrote, which are in the vocabulary.
+    """
+
+    kind: str = "words"
+    vocab_size: int = 151936
+
+    def encode(self, text: str) -> list[int]:
+        if self.kind == "words":
+            return tokenize(text)
+        own, size = _OWN_WORD_IDS, self.vocab_size
+        return [own.get(w, _wordlevel_id(w, size)) for w in text.split()]
+
+    def encode_chat(self, text: str) -> list[int]:
+        """``text`` is :func:`chat_text`; the word-level template appends its generation prompt."""
+        ids = self.encode(text)
+        return [*ids, UNK_ID] if self.kind == "wordlevel" else ids
+
+
+WORDS_TOKENIZER = Tokenizer()  # the default (frozen)
+
+
+def _wordlevel_id(word: str, vocab_size: int) -> int:
+    if len(word) > 1 and word[0] == "w" and word[1:].isdigit() and word[1:].isascii():
+        n = int(word[1:])
+        if 3 <= n < vocab_size and word[1] != "0":  # the vocabulary spells "w12", never "w012"
+            return n
+    return UNK_ID
 
 
 def chat_text(messages: Iterable[object]) -> str:

@@ -212,3 +212,33 @@ def test_the_serial_front_end_adds_queueing_to_a_burst_live(make_engine: MakeEng
     ttft = asyncio.run(burst())
     assert ttft == sorted(ttft)  # FIFO: nobody overtakes in the front end
     assert ttft[-1] >= 8 * 0.004  # the last of the burst waited for the 7 before it
+
+
+def test_async_scheduling_admits_a_request_that_came_mid_step_one_step_later(make_engine: MakeEngine) -> None:
+    """vLLM's async scheduler schedules step N+1 while step N runs: a request that reaches a busy
+    engine during step N is first scheduled in step N+2; a synchronous scheduler takes it in N+1."""
+    for async_, first_step in ((False, 2), (True, 3)):
+        engine = make_engine(async_scheduling=async_)
+        decoder, late = request(20, out=10, tag=1), request(30, out=2, tag=2)
+        engine.enqueue(decoder, 0.0)
+        b0 = engine.step(0.0)  # step 0: the decoder's prefill
+        b1 = engine.step(b0.duration)  # step 1: it decodes; the late request arrives during it
+        engine.enqueue(late, b1.start + b1.duration / 2)
+        t, steps = b1.start + b1.duration, [b0, b1]
+        while late.first_scheduled < 0:
+            steps.append(engine.step(t))
+            t += steps[-1].duration
+        assert late in steps[first_step].requests and late not in steps[first_step - 1].requests
+    # an idle engine takes a request at once, async or not
+    engine = make_engine(async_scheduling=True)
+    engine.enqueue(request(30, out=2, tag=3), 5.0)
+    assert engine.step(5.0).num_new == [30]
+
+
+def test_a_schedule_behind_the_clock_still_admits_what_is_queued(make_engine: MakeEngine) -> None:
+    # The clocked loop schedules at the planned end of the last step, which a late wake-up can put
+    # before the queue time of a request that arrived meanwhile: it must still be taken (no stall).
+    for async_ in (False, True):
+        engine = make_engine(async_scheduling=async_)
+        engine.enqueue(request(30, out=2, tag=4), 5.0)
+        assert engine.step(4.9).num_new == [30]

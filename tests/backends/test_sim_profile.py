@@ -77,6 +77,10 @@ def test_shipped_profiles_carry_the_cliff_and_the_front_end() -> None:
         ("gpu_share", 1.5, "gpu_share"),
         ("gpu_share", -0.1, "gpu_share"),
         ("gpu_share", "half", "gpu_share"),
+        ("tokenizer", {"kind": "bpe"}, "tokenizer.kind"),
+        ("async_scheduling", "yes", "async_scheduling"),
+        ("tokenizer", {"kind": "wordlevel", "vocab_size": 0}, "tokenizer.vocab_size"),
+        ("tokenizer", {"kind": "wordlevel", "merges": []}, "merges"),
     ],
 )
 def test_bad_new_sections_are_refused(
@@ -89,3 +93,9 @@ def test_bad_new_sections_are_refused(
     with pytest.raises(ProfileError, match=match) as info:
         load_profile(str(path))
     assert "\n" not in str(info.value)
+
+
+def test_tokenizer_defaults_to_words_and_reads_wordlevel(sim_profile: Callable[..., str]) -> None:
+    assert load_profile(sim_profile()).tokenizer.kind == "words"
+    tok = load_profile(sim_profile(tokenizer={"kind": "wordlevel", "vocab_size": 1000})).tokenizer
+    assert (tok.kind, tok.vocab_size) == ("wordlevel", 1000)

@@ -233,6 +233,23 @@ def test_prefix_cache_lowers_ttft_of_a_repeated_prompt(sim_server: SimServer, si
     assert m["vllm:prefix_cache_queries_total"] == 3000 + 3004
 
 
+@pytest.mark.parametrize(("kind", "hits"), [("words", 0), ("wordlevel", 496)])
+def test_word_level_tokenizer_makes_english_prompts_share_a_prefix(
+    sim_server: SimServer, sim_profile: Profile, kind: str, hits: int
+) -> None:
+    # Real vLLM with the H200 test models' tokenizer sees both prompts as runs of <unk>: the second
+    # (502 tokens: role, 500 words, the template's "assistant") hits the first's 31 full blocks.
+    srv = sim_server(profile=sim_profile(tokenizer={"kind": kind}), speedup=5.0)
+    with sdk(srv) as client:
+        for tag in ("alpha", "beta"):
+            client.chat.completions.create(
+                model="sim-test", messages=[{"role": "user", "content": words(500, tag)}], max_tokens=2
+            )
+    m = metrics(srv)
+    assert m["vllm:prefix_cache_queries_total"] == 2 * (501 if kind == "words" else 502)
+    assert m["vllm:prefix_cache_hits_total"] == hits
+
+
 def test_kv_exhaustion_queues_and_preempts(sim_server: SimServer, sim_profile: Profile) -> None:
     # 40 blocks of KV: three 200-token prompts fill it, and their growth forces preemptions.
     srv = sim_server(profile=sim_profile(kv_budget_tokens=16 * 40), speedup=2.0)

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from backends.sim.profile import available_profiles, load_profile
-from backends.sim.textgen import CORRECT, WRONG, chat_text, draw_answer, p_correct, tokenize
+from backends.sim.textgen import (
+    CORRECT,
+    VOCAB_IDS,
+    WRONG,
+    Tokenizer,
+    chat_text,
+    draw_answer,
+    p_correct,
+    tokenize,
+)
 
 
 def test_one_token_per_word_stable_ids() -> None:
@@ -46,3 +55,15 @@ def test_harder_tasks_fail_more_often_on_smaller_profiles() -> None:
         assert weak < strong
         assert abs(weak - p_correct(weakest.quality, d)) < 0.04
     assert success(weakest.quality, weakest.model, 0.9) < success(weakest.quality, weakest.model, 0.1)
+
+
+def test_wordlevel_tokenizer_is_the_test_models_vocabulary() -> None:
+    tok = Tokenizer("wordlevel", vocab_size=151936)
+    # in the vocabulary: w3 .. w151935, spelled without leading zeros; everything else is <unk> = 0
+    assert tok.encode("w3 w17 w151935 w151936 w2 w012 hello [correct]") == [3, 17, 151935, 0, 0, 0, 0, 0]
+    # the sim's own answer words stand for the real models' noise words: distinct, not <unk>
+    assert tok.encode("tok5 tok6") == [VOCAB_IDS[5], VOCAB_IDS[6]]
+    # the chat template "{role} {content} ... assistant": one more token, and English is all <unk>
+    text = chat_text([{"role": "user", "content": "the cache"}])
+    assert tok.encode_chat(text) == [0, 0, 0, 0]
+    assert Tokenizer().encode_chat(text) == tokenize(text)
