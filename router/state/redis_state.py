@@ -224,10 +224,16 @@ class RedisFleetState:
         return True
 
     async def _sync_loop(self) -> None:
+        task = asyncio.current_task()
         delay = self._opts.sync_interval_s
         while True:
             await asyncio.sleep(delay)
             ok = await self.sync()
+            if task is not None and task.cancelling():
+                # A cancel that arrived as Redis answered can be swallowed inside redis-py (CPython
+                # 3.11's asyncio.wait_for returns the result instead): honour it here, or close()
+                # and the event loop's shutdown would wait on this loop for ever.
+                raise asyncio.CancelledError
             delay = self._opts.sync_interval_s if ok else min(MAX_BACKOFF_S, delay * 2)
 
     def _apply_load(self, replicas: list[list[Any]]) -> None:
