@@ -6,15 +6,8 @@
 # on for REQUESTS requests (closed loop, CONCURRENCY at a time, streamed unless MODE=json), then off.
 #   GATEWAY_SRC=DIR (default: this tree)  REQUESTS=1000  CONCURRENCY=8  MODE=stream|json
 set -euo pipefail
-d=$(mktemp -d); here=$(cd "$(dirname "$0")" && pwd)
-cat > "$d/cfg.yaml" <<YAML
-gateway: {port: 18090, policy: least_outstanding, default_agent: chat, request_log: $d/req.jsonl}
-backends:
-  - {name: w, url: "http://127.0.0.1:18002", model: m, kv_budget_tokens: 100000}
-agents:
-  - {name: chat, models: [m]}
-YAML
-${PYTHON:-python} -m router.bench.fastworker --port 18002 --model m > /dev/null 2>&1 & W=$!
+here=$(cd "$(dirname "$0")" && pwd)
+GW_PORT=18090 W_PORT=18002; . "$here/fleet.sh"
 (cd "${GATEWAY_SRC:-.}" && exec valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$d/cg.%p" \
    ${PYTHON:-python} -m router.cli serve --config "$d/cfg.yaml") > "$d/gw.log" 2>&1 & G=$!
 cleanup() { kill -INT $G 2>/dev/null; sleep 2; kill $G $W 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$d"; }

@@ -8,15 +8,8 @@
 # PYSPY=FILE samples the gateway with py-spy (not a dependency: pip install py-spy) over every cell,
 # and `python scripts/gateway_cpu/shares.py FILE` sums the samples by layer.
 set -euo pipefail
-d=$(mktemp -d); here=$(cd "$(dirname "$0")" && pwd)
-cat > "$d/cfg.yaml" <<YAML
-gateway: {port: 18080, policy: least_outstanding, default_agent: chat, request_log: $d/req.jsonl}
-backends:
-  - {name: w, url: "http://127.0.0.1:18001", model: m, kv_budget_tokens: 100000}
-agents:
-  - {name: chat, models: [m]}
-YAML
-taskset -c 1 ${PYTHON:-python} -m router.bench.fastworker --port 18001 --model m > /dev/null 2>&1 & W=$!
+here=$(cd "$(dirname "$0")" && pwd)
+GW_PORT=18080 W_PORT=18001; . "$here/fleet.sh" taskset -c 1
 sleep 2
 (cd "${GATEWAY_SRC:-.}" && exec taskset -c 0 ${PYTHON:-python} -m router.cli serve --config "$d/cfg.yaml") > "$d/gw.log" 2>&1 & G=$!
 sleep 3; touch "$d/req.jsonl"

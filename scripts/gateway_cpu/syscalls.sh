@@ -4,15 +4,8 @@
 # `chimera serve` as in run.sh; after a warm-up, strace attaches for REQUESTS closed-loop requests.
 #   GATEWAY_SRC=DIR (default: this tree)  REQUESTS=2000  CONCURRENCY=8  MODE=stream|json
 set -euo pipefail
-d=$(mktemp -d); here=$(cd "$(dirname "$0")" && pwd)
-cat > "$d/cfg.yaml" <<YAML
-gateway: {port: 18091, policy: least_outstanding, default_agent: chat, request_log: $d/req.jsonl}
-backends:
-  - {name: w, url: "http://127.0.0.1:18003", model: m, kv_budget_tokens: 100000}
-agents:
-  - {name: chat, models: [m]}
-YAML
-${PYTHON:-python} -m router.bench.fastworker --port 18003 --model m > /dev/null 2>&1 & W=$!
+here=$(cd "$(dirname "$0")" && pwd)
+GW_PORT=18091 W_PORT=18003; . "$here/fleet.sh"
 (cd "${GATEWAY_SRC:-.}" && exec ${PYTHON:-python} -m router.cli serve --config "$d/cfg.yaml") > "$d/gw.log" 2>&1 & G=$!
 cleanup() { kill -INT $G 2>/dev/null; sleep 1; kill $G $W 2>/dev/null; wait 2>/dev/null; rm -rf "$d"; }
 trap cleanup EXIT
