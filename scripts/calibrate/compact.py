@@ -6,22 +6,33 @@ of each vLLM log keeps the lines worth reading (KV size, args, load/compile/grap
 
     python scripts/calibrate/compact.py scripts/calibrate/data/*.json
 """
+
 import json
 import re
 import sys
 
-KEEP = re.compile(r"vllm:(iteration_tokens_total_(count|sum)|num_preemptions_total|prompt_tokens_total|"
-                  r"generation_tokens_total|(time_to_first_token|inter_token_latency|request_prefill_time|"
-                  r"request_decode_time|request_queue_time|e2e_request_latency)_seconds_(sum|count)|"
-                  r"prefix_cache_(hits|queries)_total)$")
-LINE = re.compile(r"GPU KV cache size|Maximum concurrency|non-default args|Model loading took|torch.compile took|"
-                  r"Graph capturing finished|init engine|Asynchronous scheduling|Chunked prefill|ERROR|Traceback")
+KEEP = re.compile(
+    r"vllm:(iteration_tokens_total_(count|sum)|num_preemptions_total|prompt_tokens_total|"
+    r"generation_tokens_total|(time_to_first_token|inter_token_latency|request_prefill_time|"
+    r"request_decode_time|request_queue_time|e2e_request_latency)_seconds_(sum|count)|"
+    r"prefix_cache_(hits|queries)_total)$"
+)
+LINE = re.compile(
+    r"GPU KV cache size|Maximum concurrency|non-default args|Model loading took|torch.compile took|"
+    r"Graph capturing finished|init engine|Asynchronous scheduling|Chunked prefill|ERROR|Traceback"
+)
 
 
 def walk(x):
     if isinstance(x, dict):
-        return {k: (({kk: vv for kk, vv in v.items() if KEEP.match(kk)}) if k == "metrics_delta" and isinstance(v, dict)
-                    else walk(v)) for k, v in x.items()}
+        return {
+            k: (
+                ({kk: vv for kk, vv in v.items() if KEEP.match(kk)})
+                if k == "metrics_delta" and isinstance(v, dict)
+                else walk(v)
+            )
+            for k, v in x.items()
+        }
     if isinstance(x, list):
         return [walk(v) for v in x]
     if isinstance(x, float):

@@ -15,6 +15,7 @@ The sim's own step lag (sim:engine_step_lag_seconds) is reported per run.
     python scripts/calibrate/compare.py --models qwen2.5-7b   # one model
     python scripts/calibrate/compare.py --table-only          # re-tabulate the last sim runs
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,10 @@ def ext_profile(prof_path: Path, out: Path, sim_http_s: float) -> tuple[Path, tu
     """A copy of the profile carrying the extended fit's coefficients; returns it and the patch's constants."""
     prof = json.loads(prof_path.read_text())
     if "extended_fit" not in prof.get("raw", {}):
-        raise SystemExit(f"{prof_path}: no raw.extended_fit (the simulator models the eager step and the serial "
-                         "front end itself since the cudagraph/frontend_s profile sections; --extended is obsolete)")
+        raise SystemExit(
+            f"{prof_path}: no raw.extended_fit (the simulator models the eager step and the serial "
+            "front end itself since the cudagraph/frontend_s profile sections; --extended is obsolete)"
+        )
     c = prof["raw"]["extended_fit"]["coef"]
     fe = c.get("frontend_serial_s_per_request", 0.0)
     prof["step_time_s"] = {k: c[k] for k in prof["step_time_s"]}
@@ -74,15 +77,19 @@ def ext_profile(prof_path: Path, out: Path, sim_http_s: float) -> tuple[Path, tu
     return p, (c["eager_step"], c["ttft_per_prompt_token"], fe)
 
 
-def start_sim(profile: str, port: int, kv_tokens: int | None, speedup: float,
-              ext: tuple[float, float, float] | None = None) -> subprocess.Popen:
+def start_sim(
+    profile: str, port: int, kv_tokens: int | None, speedup: float, ext: tuple[float, float, float] | None = None
+) -> subprocess.Popen:
     patch = EXT_PATCH.replace("%r, %r, %r", ", ".join(map(repr, ext))) if ext else ""
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{patch}"
-            "from backends.sim.server import serve, SimSettings\n"
-            f"serve(SimSettings(profile={profile!r}, kv_tokens={kv_tokens!r}, speedup={speedup!r}), "
-            f"'127.0.0.1', {port})\n")
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         start_new_session=True)
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{patch}"
+        "from backends.sim.server import serve, SimSettings\n"
+        f"serve(SimSettings(profile={profile!r}, kv_tokens={kv_tokens!r}, speedup={speedup!r}), "
+        f"'127.0.0.1', {port})\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     t0 = time.time()
     while time.time() - t0 < 30:
         try:
@@ -109,8 +116,19 @@ def stop_sim(p: subprocess.Popen) -> None:
 
 
 def probe(port: int, model: str, out: Path, speedup: float, args: list[str]) -> dict:
-    cmd = [sys.executable, str(HERE / "probe.py"), "--url", f"http://127.0.0.1:{port}", "--model", model,
-           "--out", str(out), "--speedup", str(speedup), *args]
+    cmd = [
+        sys.executable,
+        str(HERE / "probe.py"),
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--model",
+        model,
+        "--out",
+        str(out),
+        "--speedup",
+        str(speedup),
+        *args,
+    ]
     print("  $", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True)
     return json.loads(out.read_text())
@@ -159,18 +177,34 @@ def run_model(model: str, a: argparse.Namespace, port: int, ext: bool = False) -
     # TTFT at batch 1: real time (one stream)
     p = start_sim(str(prof_path), port, None, 1.0, patch)
     try:
-        d1 = probe(port, model, out / f"sim{tag}-{model}-ttft.json", 1.0,
-                   ["--phases", "ttft", "--quick", "--procs", "1", "--ttft-reps", str(a.ttft_reps)])
+        d1 = probe(
+            port,
+            model,
+            out / f"sim{tag}-{model}-ttft.json",
+            1.0,
+            ["--phases", "ttft", "--quick", "--procs", "1", "--ttft-reps", str(a.ttft_reps)],
+        )
     finally:
         stop_sim(p)
     print(f"  sim lag (ttft, speedup 1): {lag(d1)}")
     # load probes: slowed down
     p = start_sim(str(prof_path), port, None, s, patch)
     try:
-        args = ["--phases", "tpot,mix,saturation", "--quick", "--procs", str(a.procs), "--sat-stream", "0",
-                "--mix-out", str(mix.get("decode_out", 0)),
-                "--mix-at", ",".join(str(i["at_s"]) for i in mix.get("inject", [])),
-                "--mix-inject", ",".join(str(i["prompt"]) for i in mix.get("inject", []))]
+        args = [
+            "--phases",
+            "tpot,mix,saturation",
+            "--quick",
+            "--procs",
+            str(a.procs),
+            "--sat-stream",
+            "0",
+            "--mix-out",
+            str(mix.get("decode_out", 0)),
+            "--mix-at",
+            ",".join(str(i["at_s"]) for i in mix.get("inject", [])),
+            "--mix-inject",
+            ",".join(str(i["prompt"]) for i in mix.get("inject", [])),
+        ]
         d2 = probe(port, model, out / f"sim{tag}-{model}-load.json", s, args)
     finally:
         stop_sim(p)
@@ -187,9 +221,27 @@ def run_kv(a: argparse.Namespace, port: int, ext: bool = False) -> None:
         tag = "-ext"
     p = start_sim(str(prof_path), port, real["kv_tokens"], s, patch)
     try:
-        d = probe(port, "qwen2.5-0.5b", Path(a.out_dir) / f"sim{tag}-kvsmall.json", s,
-                  ["--phases", "kv", "--quick", "--procs", str(a.procs), "--kv-tokens", str(real["kv_tokens"]),
-                   "--kv-n", str(real["requests"]), "--kv-prompt", str(real["prompt"]), "--kv-out", str(real["out"])])
+        d = probe(
+            port,
+            "qwen2.5-0.5b",
+            Path(a.out_dir) / f"sim{tag}-kvsmall.json",
+            s,
+            [
+                "--phases",
+                "kv",
+                "--quick",
+                "--procs",
+                str(a.procs),
+                "--kv-tokens",
+                str(real["kv_tokens"]),
+                "--kv-n",
+                str(real["requests"]),
+                "--kv-prompt",
+                str(real["prompt"]),
+                "--kv-out",
+                str(real["out"]),
+            ],
+        )
     finally:
         stop_sim(p)
     print(f"  sim lag (kv, speedup {s}): {lag(d)}")
@@ -202,8 +254,14 @@ def cell(rows: list, model: str, name: str, real: list, sims: list, unit: str) -
     """real: the measured values of each run (mean is the reference); sims: [plain sim, extended sim]."""
     real = [r for r in real if r is not None and r == r]
     ref = sum(real) / len(real) if real else None
-    row = {"model": model, "cell": name, "unit": unit, "real": ref, "real_runs": real,
-           "run_spread": (max(real) / min(real) - 1) if len(real) > 1 and min(real) > 0 else None}
+    row = {
+        "model": model,
+        "cell": name,
+        "unit": unit,
+        "real": ref,
+        "real_runs": real,
+        "run_spread": (max(real) / min(real) - 1) if len(real) > 1 and min(real) > 0 else None,
+    }
     for key, v in zip(("sim", "sim_ext"), sims, strict=True):
         row[key] = v
         row[key + "_err"] = (v / ref - 1) if (ref and v is not None) else None
@@ -220,22 +278,44 @@ def table(a: argparse.Namespace) -> list[dict]:
     for model in a.models:
         real = _load(DATA / f"probe-{model}.json")
         real2 = _load(DATA / f"probe2-{model}.json")
-        s1, s2 = [_load(out / f"sim{t}-{model}-ttft.json") for t in ("", "-ext")], \
-            [_load(out / f"sim{t}-{model}-load.json") for t in ("", "-ext")]
+        s1, s2 = (
+            [_load(out / f"sim{t}-{model}-ttft.json") for t in ("", "-ext")],
+            [_load(out / f"sim{t}-{model}-load.json") for t in ("", "-ext")],
+        )
         rt = {t["prompt"]: t["ttft_ms"] for t in real.get("ttft", [])}
         rt2 = {t["prompt"]: t["ttft_ms"] for t in real2.get("psweep", []) if not t.get("as_ids")}
         for n in TTFT_CELLS:
-            cell(rows, model, f"TTFT p{n}", [rt.get(n), rt2.get(n)],
-                 [{t["prompt"]: t["ttft_ms"] for t in s.get("ttft", [])}.get(n) for s in s1], "ms")
+            cell(
+                rows,
+                model,
+                f"TTFT p{n}",
+                [rt.get(n), rt2.get(n)],
+                [{t["prompt"]: t["ttft_ms"] for t in s.get("ttft", [])}.get(n) for s in s1],
+                "ms",
+            )
         rp = {(t["prompt"], t["batch"]): t for t in real.get("tpot", [])}
         for k in sorted(rp):
-            cell(rows, model, f"TPOT p{k[0]} b{k[1]}", [rp[k]["tpot_ms_p50"]],
-                 [({(t["prompt"], t["batch"]): t for t in s.get("tpot", [])}.get(k) or {}).get("tpot_ms_p50")
-                  for s in s2], "ms")
+            cell(
+                rows,
+                model,
+                f"TPOT p{k[0]} b{k[1]}",
+                [rp[k]["tpot_ms_p50"]],
+                [
+                    ({(t["prompt"], t["batch"]): t for t in s.get("tpot", [])}.get(k) or {}).get("tpot_ms_p50")
+                    for s in s2
+                ],
+                "ms",
+            )
         rs = (real.get("saturation") or {}).get("nonstream") or {}
         ss = [(s.get("saturation") or {}).get("nonstream") or {} for s in s2]
-        cell(rows, model, f"saturation {rs.get('streams')}x out tok/s", [rs.get("out_tok_s")],
-             [x.get("out_tok_s") for x in ss], "tok/s")
+        cell(
+            rows,
+            model,
+            f"saturation {rs.get('streams')}x out tok/s",
+            [rs.get("out_tok_s")],
+            [x.get("out_tok_s") for x in ss],
+            "tok/s",
+        )
         cell(rows, model, "saturation makespan", [rs.get("makespan_s")], [x.get("makespan_s") for x in ss], "s")
         rm = real.get("mix") or {}
         for i, ri in enumerate(rm.get("inject", [])):
@@ -248,11 +328,14 @@ def table(a: argparse.Namespace) -> list[dict]:
     sk = [_load(out / f"sim{t}-kvsmall.json").get("kv", {}) for t in ("", "-ext")]
     if r and any(sk):
         m = f"qwen2.5-0.5b kv={r['kv_tokens']}"
-        for k, name, unit in (("e2e_s_p50", "KV pressure e2e p50", "s"), ("e2e_s_p99", "KV pressure e2e p99", "s"),
-                              ("makespan_s", "KV pressure makespan", "s"),
-                              ("preemptions", "KV pressure preemptions", "#"),
-                              ("max_running", "KV pressure max running", "#"),
-                              ("max_waiting", "KV pressure max waiting", "#")):
+        for k, name, unit in (
+            ("e2e_s_p50", "KV pressure e2e p50", "s"),
+            ("e2e_s_p99", "KV pressure e2e p99", "s"),
+            ("makespan_s", "KV pressure makespan", "s"),
+            ("preemptions", "KV pressure preemptions", "#"),
+            ("max_running", "KV pressure max running", "#"),
+            ("max_waiting", "KV pressure max waiting", "#"),
+        ):
             cell(rows, m, name, [r.get(k)], [x.get(k) for x in sk], unit)
     return rows
 
@@ -270,20 +353,25 @@ def render(rows: list[dict]) -> str:
     lines = [head, "|---|---|---:|---:|---:|---:|" + ("---:|---:|" if ext else "")]
     for r in rows:
         sp = "-" if r["run_spread"] is None else f"{r['run_spread']:.0%}"
-        line = (f"| {r['model']} | {r['cell']} ({r['unit']}) | {f(r['real'])} | {sp} | {f(r['sim'])} "
-                f"| {e(r['sim_err'])} |")
+        line = (
+            f"| {r['model']} | {r['cell']} ({r['unit']}) | {f(r['real'])} | {sp} | {f(r['sim'])} | {e(r['sim_err'])} |"
+        )
         if ext:
             line += f" {f(r['sim_ext'])} | {e(r['sim_ext_err'])} |"
         lines.append(line)
     lines.append("")
-    names = (("sim_err", "sim (shipped profiles)"),
-             ("sim_ext_err", "before (baseline)" if second == "before" else "sim + extended model"))
+    names = (
+        ("sim_err", "sim (shipped profiles)"),
+        ("sim_ext_err", "before (baseline)" if second == "before" else "sim + extended model"),
+    )
     for key, name in names:
         ok = [r for r in rows if r[key] is not None]
         if ok:
             within = sum(1 for r in ok if abs(r[key]) <= 0.10)
-            lines.append(f"{name}: {within}/{len(ok)} cells within 10%, median |err| "
-                         f"{sorted(abs(r[key]) for r in ok)[len(ok) // 2]:.0%}.")
+            lines.append(
+                f"{name}: {within}/{len(ok)} cells within 10%, median |err| "
+                f"{sorted(abs(r[key]) for r in ok)[len(ok) // 2]:.0%}."
+            )
     return "\n".join(lines)
 
 
@@ -300,14 +388,21 @@ def main() -> None:
     ap.add_argument("--no-kv", action="store_true")
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--ttft-reps", type=int, default=7, help="sim TTFT samples per prompt (this box is noisy)")
-    ap.add_argument("--variants", default="",
-                    help="plain,ext: which sims to run (default: plain, and ext with --extended)")
-    ap.add_argument("--extended", action="store_true",
-                    help="also run the sim patched with each profile's raw.extended_fit (eager steps, per-token TTFT)")
+    ap.add_argument(
+        "--variants", default="", help="plain,ext: which sims to run (default: plain, and ext with --extended)"
+    )
+    ap.add_argument(
+        "--extended",
+        action="store_true",
+        help="also run the sim patched with each profile's raw.extended_fit (eager steps, per-token TTFT)",
+    )
     ap.add_argument("--sim-http-ms", type=float, default=3.0, help="as in fit_profile.py, for the extended profiles")
     ap.add_argument("--write", default=str(DATA / "fidelity"), help="writes <this>.json and <this>.md")
-    ap.add_argument("--baseline", default="",
-                    help="a previous fidelity .json: its sim column is shown as 'before' (instead of sim ext)")
+    ap.add_argument(
+        "--baseline",
+        default="",
+        help="a previous fidelity .json: its sim column is shown as 'before' (instead of sim ext)",
+    )
     a = ap.parse_args()
     a.models = [m for m in a.models.split(",") if m]
     Path(a.out_dir).mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ Streams are spread over ``--procs`` client processes so that the client never li
 
 Only the standard library and httpx are needed (it runs on the lent GPU machine's bare Python too).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,14 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, spec: dict, t_st
     prompt: str | list[int] = make_prompt(spec["prompt"], spec["seed"])
     if spec.get("ids"):  # token ids: skips the front end's tokenizer
         prompt = [int(w[1:]) for w in prompt.split()]
-    body = {"model": model, "prompt": prompt, "max_tokens": spec["out"], "ignore_eos": True,
-            "temperature": 0.0, "stream": bool(spec["stream"])}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": spec["out"],
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": bool(spec["stream"]),
+    }
     if spec["stream"]:
         body["stream_options"] = {"include_usage": True}
         if spec["out"] > 1:
@@ -149,8 +156,16 @@ class Probe:
         self.pool = mp.get_context("fork").Pool(a.procs) if a.procs > 1 else None
         self.seed = a.seed * 1_000_003
         self.http = httpx.Client(timeout=30)
-        self.res: dict = {"meta": {"url": self.url, "model": self.model, "procs": a.procs, "speedup": a.speedup,
-                                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "argv": sys.argv[1:]}}
+        self.res: dict = {
+            "meta": {
+                "url": self.url,
+                "model": self.model,
+                "procs": a.procs,
+                "speedup": a.speedup,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "argv": sys.argv[1:],
+            }
+        }
 
     # -- plumbing
     def next_seed(self) -> int:
@@ -158,8 +173,15 @@ class Probe:
         return self.seed
 
     def spec(self, prompt: int, out: int, stream: bool = True, delay: float = 0.0, ids: bool = False) -> dict:
-        return {"id": self.next_seed(), "prompt": prompt, "out": out, "stream": stream, "delay": delay / self.scale,
-                "seed": self.next_seed(), "ids": ids}
+        return {
+            "id": self.next_seed(),
+            "prompt": prompt,
+            "out": out,
+            "stream": stream,
+            "delay": delay / self.scale,
+            "seed": self.next_seed(),
+            "ids": ids,
+        }
 
     def metrics(self) -> tuple[str, dict[str, float]]:
         try:
@@ -177,8 +199,11 @@ class Probe:
         if use_pool:
             n = min(self.a.procs, len(specs))
             parts = [specs[i::n] for i in range(n)]
-            rs = [r for part in self.pool.map(_worker, [(self.url, self.model, p, t_start, timeout) for p in parts])
-                  for r in part]
+            rs = [
+                r
+                for part in self.pool.map(_worker, [(self.url, self.model, p, t_start, timeout) for p in parts])
+                for r in part
+            ]
         else:
             rs = _worker((self.url, self.model, specs, t_start, timeout))
         _, m1 = self.metrics()
@@ -240,10 +265,16 @@ class Probe:
                 deltas.append(d)
             srv = [d.get("vllm:time_to_first_token_seconds_sum", 0) * 1e3 * self.scale for d in deltas]
             pre = [d.get("vllm:request_prefill_time_seconds_sum", 0) * 1e3 * self.scale for d in deltas]
-            out.append({"prompt": n, "ttft_ms": statistics.median(ttfts), "ttft_ms_all": ttfts,
-                        "server_ttft_ms": statistics.median(srv) if any(srv) else None,
-                        "server_prefill_ms": statistics.median(pre) if any(pre) else None,
-                        "iteration_tokens_count": deltas[len(deltas) // 2].get("vllm:iteration_tokens_total_count")})
+            out.append(
+                {
+                    "prompt": n,
+                    "ttft_ms": statistics.median(ttfts),
+                    "ttft_ms_all": ttfts,
+                    "server_ttft_ms": statistics.median(srv) if any(srv) else None,
+                    "server_prefill_ms": statistics.median(pre) if any(pre) else None,
+                    "iteration_tokens_count": deltas[len(deltas) // 2].get("vllm:iteration_tokens_total_count"),
+                }
+            )
             self.log(f"ttft prompt={n}: {out[-1]['ttft_ms']:.2f} ms (server {out[-1]['server_ttft_ms']})")
             if self.late():
                 break
@@ -269,12 +300,20 @@ class Probe:
                 got.setdefault(f"{n}ids", []).append(self._ttft_sample(n, ids=True))
         out = []
         for k, v in got.items():
-            out.append({"prompt": int(k.rstrip("ids")), "as_ids": k.endswith("ids"),
-                        "ttft_ms": statistics.median(x[0] for x in v), "ttft_ms_all": [round(x[0], 2) for x in v],
-                        "server_ttft_ms": statistics.median(x[1] for x in v),
-                        "server_prefill_ms": statistics.median(x[2] for x in v)})
-            self.log(f"psweep {k}: {out[-1]['ttft_ms']:.2f} ms {out[-1]['ttft_ms_all']} server "
-                     f"{out[-1]['server_ttft_ms']:.1f} prefill {out[-1]['server_prefill_ms']:.1f}")
+            out.append(
+                {
+                    "prompt": int(k.rstrip("ids")),
+                    "as_ids": k.endswith("ids"),
+                    "ttft_ms": statistics.median(x[0] for x in v),
+                    "ttft_ms_all": [round(x[0], 2) for x in v],
+                    "server_ttft_ms": statistics.median(x[1] for x in v),
+                    "server_prefill_ms": statistics.median(x[2] for x in v),
+                }
+            )
+            self.log(
+                f"psweep {k}: {out[-1]['ttft_ms']:.2f} ms {out[-1]['ttft_ms_all']} server "
+                f"{out[-1]['server_ttft_ms']:.1f} prefill {out[-1]['server_prefill_ms']:.1f}"
+            )
         self.res["psweep"] = out
 
     def phase_dsweep(self) -> None:
@@ -289,14 +328,29 @@ class Probe:
                     s = self._decode_summary(rs, d)
                     st = s["steady"] or {}
                     steps = d.get("vllm:iteration_tokens_total_count")
-                    out.append({"rep": rep, "prompt": p, "batch": b, "out": self.a.dsweep_out,
-                                "steady_step_ms": st.get("step_ms"), "steady_ctx_mid": st.get("ctx_mid"),
-                                "tpot_ms_p50": s["tpot_ms_p50"], "makespan_s": s["makespan_s"], "engine_steps": steps,
-                                "server_itl_ms": 1e3 * self.scale * d.get("vllm:inter_token_latency_seconds_sum", 0)
-                                / max(1, d.get("vllm:inter_token_latency_seconds_count", 1)),
-                                "chunks_per_token": s["chunks_per_token"], "errors": s["errors"]})
-                    self.log(f"dsweep rep{rep} p{p} b{b}: steady {st.get('step_ms', 0):.2f} ms, "
-                             f"server itl {out[-1]['server_itl_ms']:.2f}, steps {steps}")
+                    out.append(
+                        {
+                            "rep": rep,
+                            "prompt": p,
+                            "batch": b,
+                            "out": self.a.dsweep_out,
+                            "steady_step_ms": st.get("step_ms"),
+                            "steady_ctx_mid": st.get("ctx_mid"),
+                            "tpot_ms_p50": s["tpot_ms_p50"],
+                            "makespan_s": s["makespan_s"],
+                            "engine_steps": steps,
+                            "server_itl_ms": 1e3
+                            * self.scale
+                            * d.get("vllm:inter_token_latency_seconds_sum", 0)
+                            / max(1, d.get("vllm:inter_token_latency_seconds_count", 1)),
+                            "chunks_per_token": s["chunks_per_token"],
+                            "errors": s["errors"],
+                        }
+                    )
+                    self.log(
+                        f"dsweep rep{rep} p{p} b{b}: steady {st.get('step_ms', 0):.2f} ms, "
+                        f"server itl {out[-1]['server_itl_ms']:.2f}, steps {steps}"
+                    )
                     if self.late():
                         self.res["dsweep"] = out
                         return
@@ -309,14 +363,22 @@ class Probe:
         ntok = sum(r["n_out"] for r in ok)
         mk = max((r["end"] for r in ok), default=0) - min((r["t0"] for r in ok), default=0)
         st = steady_decode(ok)
-        return {"n": len(rs), "errors": len(rs) - len(ok),
-                "tpot_ms_p50": pct(tp, 0.5) and pct(tp, 0.5) * 1e3, "tpot_ms_mean": tp and statistics.mean(tp) * 1e3,
-                "tpot_ms_p90": pct(tp, 0.9) and pct(tp, 0.9) * 1e3,
-                "ttft_ms_p50": pct(tt, 0.5) and pct(tt, 0.5) * 1e3, "ttft_ms_max": tt and max(tt) * 1e3,
-                "makespan_s": mk, "out_tok_s": ntok / mk if mk > 0 else None,
-                "chunks_per_token": (sum(r.get("chunks", 0) for r in ok)
-                                     / max(1, sum(len(r.get("times", [])) for r in ok))),
-                "steady": st, "metrics_delta": d}
+        return {
+            "n": len(rs),
+            "errors": len(rs) - len(ok),
+            "tpot_ms_p50": pct(tp, 0.5) and pct(tp, 0.5) * 1e3,
+            "tpot_ms_mean": tp and statistics.mean(tp) * 1e3,
+            "tpot_ms_p90": pct(tp, 0.9) and pct(tp, 0.9) * 1e3,
+            "ttft_ms_p50": pct(tt, 0.5) and pct(tt, 0.5) * 1e3,
+            "ttft_ms_max": tt and max(tt) * 1e3,
+            "makespan_s": mk,
+            "out_tok_s": ntok / mk if mk > 0 else None,
+            "chunks_per_token": (
+                sum(r.get("chunks", 0) for r in ok) / max(1, sum(len(r.get("times", [])) for r in ok))
+            ),
+            "steady": st,
+            "metrics_delta": d,
+        }
 
     def phase_tpot(self) -> None:
         out = []
@@ -328,9 +390,11 @@ class Probe:
                 s = {"prompt": p, "batch": b, "out": self.a.tpot_out, **self._decode_summary(rs, d)}
                 out.append(s)
                 st = s["steady"] or {}
-                self.log(f"tpot prompt={p} batch={b}: p50 {s['tpot_ms_p50']:.2f} ms, "
-                         f"steady {st.get('step_ms', 0):.2f} ms, "
-                         f"{s['out_tok_s']:.0f} tok/s, chunks/token {s['chunks_per_token']:.2f}")
+                self.log(
+                    f"tpot prompt={p} batch={b}: p50 {s['tpot_ms_p50']:.2f} ms, "
+                    f"steady {st.get('step_ms', 0):.2f} ms, "
+                    f"{s['out_tok_s']:.0f} tok/s, chunks/token {s['chunks_per_token']:.2f}"
+                )
                 if self.late():
                     break
         self.res["tpot"] = out
@@ -339,26 +403,53 @@ class Probe:
         """`mix_batch` decoding streams; prompts of the given lengths injected at 1/3 and 2/3 of their run."""
         b, dec_out = self.a.mix_batch, self.a.mix_out
         if dec_out <= 0:  # size the decode run from the measured steady step (~3 s of decoding)
-            step = next((t["steady"]["step_ms"] for t in self.res.get("tpot", [])
-                         if t["batch"] == 32 and t["prompt"] == 256 and t.get("steady")), 6.0)
+            step = next(
+                (
+                    t["steady"]["step_ms"]
+                    for t in self.res.get("tpot", [])
+                    if t["batch"] == 32 and t["prompt"] == 256 and t.get("steady")
+                ),
+                6.0,
+            )
             dec_out = int(min(1024, max(256, 3000 / step)))
-        run_s = dec_out * (next((t["steady"]["step_ms"] for t in self.res.get("tpot", [])
-                                 if t["batch"] == 32 and t["prompt"] == 256 and t.get("steady")), 6.0)) / 1e3
+        run_s = (
+            dec_out
+            * (
+                next(
+                    (
+                        t["steady"]["step_ms"]
+                        for t in self.res.get("tpot", [])
+                        if t["batch"] == 32 and t["prompt"] == 256 and t.get("steady")
+                    ),
+                    6.0,
+                )
+            )
+            / 1e3
+        )
         specs = [self.spec(256, dec_out) for _ in range(b)]
         inj = []
         for i, L in enumerate(self.a.mix_inject):
-            at = (self.a.mix_at[i] if i < len(self.a.mix_at)
-                  else round(run_s * (i + 1) / (len(self.a.mix_inject) + 1), 3))
+            at = (
+                self.a.mix_at[i] if i < len(self.a.mix_at) else round(run_s * (i + 1) / (len(self.a.mix_inject) + 1), 3)
+            )
             sp = self.spec(L, 1, delay=at)
             inj.append((sp["id"], L, at))
             specs.append(sp)
         rs, d = self.batch(specs)
         byid = {r["id"]: r for r in rs}
         dec = [r for r in rs if r["out_req"] == dec_out and r.get("times")]
-        res = {"batch": b, "decode_prompt": 256, "decode_out": dec_out, "inject": [], "metrics_delta": d,
-               "errors": sum(1 for r in rs if r["err"])}
-        base = [statistics.median([t2 - t1 for t1, t2 in zip(r["times"][5:40], r["times"][6:41], strict=False)] or [0])
-                for r in dec]
+        res = {
+            "batch": b,
+            "decode_prompt": 256,
+            "decode_out": dec_out,
+            "inject": [],
+            "metrics_delta": d,
+            "errors": sum(1 for r in rs if r["err"]),
+        }
+        base = [
+            statistics.median([t2 - t1 for t1, t2 in zip(r["times"][5:40], r["times"][6:41], strict=False)] or [0])
+            for r in dec
+        ]
         res["baseline_itl_ms"] = statistics.median(base) * 1e3 if base else None
         for iid, L, at in inj:
             r = byid[iid]
@@ -375,11 +466,17 @@ class Probe:
                     gaps.append(g[0])
                     ctx.append(256 + g[2])
                     stall.append(sum(v for v, _, _ in itl) - len(itl) * (res["baseline_itl_ms"] or 0) / 1e3)
-            res["inject"].append({"prompt": L, "at_s": at, "ttft_ms": r["ttft"] * 1e3,
-                                  "decoders_at_inject": sum(1 for x in dec if x["times"][0] < t_in < x["times"][-1]),
-                                  "max_gap_ms": statistics.median(gaps) * 1e3 if gaps else None,
-                                  "stall_ms": statistics.median(stall) * 1e3 if stall else None,
-                                  "ctx_at_gap": statistics.mean(ctx) if ctx else None})
+            res["inject"].append(
+                {
+                    "prompt": L,
+                    "at_s": at,
+                    "ttft_ms": r["ttft"] * 1e3,
+                    "decoders_at_inject": sum(1 for x in dec if x["times"][0] < t_in < x["times"][-1]),
+                    "max_gap_ms": statistics.median(gaps) * 1e3 if gaps else None,
+                    "stall_ms": statistics.median(stall) * 1e3 if stall else None,
+                    "ctx_at_gap": statistics.mean(ctx) if ctx else None,
+                }
+            )
             self.log(f"mix inject {L}: ttft {r['ttft'] * 1e3:.1f} ms, decoder gap {res['inject'][-1]['max_gap_ms']}")
         self.res["mix"] = res
 
@@ -392,9 +489,17 @@ class Probe:
             ok = [r for r in rs if not r["err"]]
             mk = max((r["end"] for r in ok), default=0) - min((r["t0"] for r in ok), default=0)
             e2e = [r["e2e"] for r in ok]
-            s = {"streams": n, "prompt": p, "out": o, "errors": len(rs) - len(ok), "makespan_s": mk,
-                 "out_tok_s": sum(r["n_out"] for r in ok) / mk if mk > 0 else None,
-                 "e2e_s_p50": pct(e2e, 0.5), "e2e_s_p99": pct(e2e, 0.99), "metrics_delta": d}
+            s = {
+                "streams": n,
+                "prompt": p,
+                "out": o,
+                "errors": len(rs) - len(ok),
+                "makespan_s": mk,
+                "out_tok_s": sum(r["n_out"] for r in ok) / mk if mk > 0 else None,
+                "e2e_s_p50": pct(e2e, 0.5),
+                "e2e_s_p99": pct(e2e, 0.99),
+                "metrics_delta": d,
+            }
             if mode == "stream":
                 s.update({k: v for k, v in self._decode_summary(rs, d).items() if k not in ("metrics_delta",)})
             out[mode] = s
@@ -423,10 +528,15 @@ class Probe:
             while not stop.is_set():
                 try:
                     m = parse_metrics(c.get(self.url + "/metrics").text)
-                    polls.append([round((time.perf_counter() - t0) * self.scale, 3),
-                                  m.get("vllm:num_requests_running", -1), m.get("vllm:num_requests_waiting", -1),
-                                  round(m.get("vllm:kv_cache_usage_perc", m.get("vllm:gpu_cache_usage_perc", -1)), 4),
-                                  m.get("vllm:num_preemptions_total", -1)])
+                    polls.append(
+                        [
+                            round((time.perf_counter() - t0) * self.scale, 3),
+                            m.get("vllm:num_requests_running", -1),
+                            m.get("vllm:num_requests_waiting", -1),
+                            round(m.get("vllm:kv_cache_usage_perc", m.get("vllm:gpu_cache_usage_perc", -1)), 4),
+                            m.get("vllm:num_preemptions_total", -1),
+                        ]
+                    )
                 except Exception:
                     pass
                 stop.wait(self.a.poll_s)
@@ -439,25 +549,40 @@ class Probe:
         ok = [r for r in rs if not r["err"]]
         e2e = [r["e2e"] for r in ok]
         mk = max((r["end"] for r in ok), default=0) - min((r["t0"] for r in ok), default=0)
-        res = {"kv_tokens": kv, "requests": n, "prompt": p, "out": o, "need_over_budget": n * (p + o) / kv,
-               "errors": len(rs) - len(ok), "makespan_s": mk,
-               "e2e_s_p50": pct(e2e, 0.5), "e2e_s_p90": pct(e2e, 0.9), "e2e_s_p99": pct(e2e, 0.99),
-               "e2e_s_min": min(e2e, default=None), "out_tok_s": sum(r["n_out"] for r in ok) / mk if mk > 0 else None,
-               "preemptions": d.get("vllm:num_preemptions_total"),
-               "max_running": max((x[1] for x in polls), default=None),
-               "max_waiting": max((x[2] for x in polls), default=None),
-               "waiting_seen": any(x[2] > 0 for x in polls),
-               "frac_polls_waiting": (sum(1 for x in polls if x[2] > 0) / len(polls)) if polls else None,
-               "max_kv_usage": max((x[3] for x in polls), default=None),
-               "polls": polls[:: max(1, len(polls) // 300)], "metrics_delta": d, "cache_config": cc}
+        res = {
+            "kv_tokens": kv,
+            "requests": n,
+            "prompt": p,
+            "out": o,
+            "need_over_budget": n * (p + o) / kv,
+            "errors": len(rs) - len(ok),
+            "makespan_s": mk,
+            "e2e_s_p50": pct(e2e, 0.5),
+            "e2e_s_p90": pct(e2e, 0.9),
+            "e2e_s_p99": pct(e2e, 0.99),
+            "e2e_s_min": min(e2e, default=None),
+            "out_tok_s": sum(r["n_out"] for r in ok) / mk if mk > 0 else None,
+            "preemptions": d.get("vllm:num_preemptions_total"),
+            "max_running": max((x[1] for x in polls), default=None),
+            "max_waiting": max((x[2] for x in polls), default=None),
+            "waiting_seen": any(x[2] > 0 for x in polls),
+            "frac_polls_waiting": (sum(1 for x in polls if x[2] > 0) / len(polls)) if polls else None,
+            "max_kv_usage": max((x[3] for x in polls), default=None),
+            "polls": polls[:: max(1, len(polls) // 300)],
+            "metrics_delta": d,
+            "cache_config": cc,
+        }
         self.res["kv"] = res
-        self.log(f"kv: {n} x ({p}+{o}) on {kv} tokens: makespan {mk:.2f} s, e2e p50 {res['e2e_s_p50']:.2f} "
-                 f"p99 {res['e2e_s_p99']:.2f} s, preemptions {res['preemptions']}, max waiting {res['max_waiting']}")
+        self.log(
+            f"kv: {n} x ({p}+{o}) on {kv} tokens: makespan {mk:.2f} s, e2e p50 {res['e2e_s_p50']:.2f} "
+            f"p99 {res['e2e_s_p99']:.2f} s, preemptions {res['preemptions']}, max waiting {res['max_waiting']}"
+        )
 
     def run(self) -> None:
         text, _ = self.metrics()
-        self.res["meta"]["metric_names"] = sorted({re.split(r"[{ ]", ln)[0] for ln in text.splitlines()
-                                                   if ln.startswith("vllm:")})
+        self.res["meta"]["metric_names"] = sorted(
+            {re.split(r"[{ ]", ln)[0] for ln in text.splitlines() if ln.startswith("vllm:")}
+        )
         self.res["meta"]["cache_config"] = labels_of(text, "vllm:cache_config_info")
         t0 = time.time()
         self.warmup()
@@ -482,10 +607,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--url", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--phases", default="ttft,tpot,mix,saturation",
-                    help=f"comma list of {','.join(PHASES)} (kv only makes sense on a small-KV server)")
-    ap.add_argument("--procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
-                    help="client processes the streams are spread over")
+    ap.add_argument(
+        "--phases",
+        default="ttft,tpot,mix,saturation",
+        help=f"comma list of {','.join(PHASES)} (kv only makes sense on a small-KV server)",
+    )
+    ap.add_argument(
+        "--procs",
+        type=int,
+        default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+        help="client processes the streams are spread over",
+    )
     ap.add_argument("--speedup", type=float, default=1.0, help="the server's time speedup; times are scaled back")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="brief's prompt lengths only, short warm-up")

@@ -17,6 +17,7 @@ TPOT p50 at batch 1..128 x prompt 256/2048, 128 out; saturation 256 x (128 + 256
 probe (32 decoders + injected prompts at the real injection times); KV pressure (64 x (1024 + 1024) on 32,768
 KV tokens).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,10 +45,12 @@ TPOT_PROMPTS, TPOT_BATCHES, TPOT_OUT = (256, 2048), (1, 8, 32, 64, 128), 128
 class Run:
     """One batch of requests through a fresh engine; arrivals are (time_s, prompt, out)."""
 
-    def __init__(self, profile: Profile, arrivals: list[tuple[float, int, int]], kv_tokens: int | None = None,
-                 seed: int = 0) -> None:
-        self.engine = Engine(profile, kv_tokens or profile.kv_budget_tokens, profile.max_num_seqs,
-                             profile.max_num_batched_tokens)
+    def __init__(
+        self, profile: Profile, arrivals: list[tuple[float, int, int]], kv_tokens: int | None = None, seed: int = 0
+    ) -> None:
+        self.engine = Engine(
+            profile, kv_tokens or profile.kv_budget_tokens, profile.max_num_seqs, profile.max_num_batched_tokens
+        )
         rng = random.Random(seed)
         self.reqs: list[Request] = []  # in arrival order
         for i, (t, p, o) in enumerate(sorted(arrivals)):
@@ -106,14 +109,21 @@ def replay_model(prof: Profile, real: dict, http_s: float) -> tuple[dict, dict]:
         for b in TPOT_BATCHES:
             run = Run(prof, [(0.0, p, TPOT_OUT)] * b).go()
             tp = [(d - f) / (TPOT_OUT - 1) for f, d in zip(run.first_seen, run.done_seen, strict=True)]
-            tpot.append({"prompt": p, "batch": b, "tpot_ms_p50": statistics.median(tp) * 1e3,
-                         "ttft_ms_p50": (statistics.median(run.first_seen) + http_s) * 1e3,
-                         "ttft_ms_max": (max(run.first_seen) + http_s) * 1e3})
+            tpot.append(
+                {
+                    "prompt": p,
+                    "batch": b,
+                    "tpot_ms_p50": statistics.median(tp) * 1e3,
+                    "ttft_ms_p50": (statistics.median(run.first_seen) + http_s) * 1e3,
+                    "ttft_ms_max": (max(run.first_seen) + http_s) * 1e3,
+                }
+            )
     sat = (real.get("saturation") or {}).get("nonstream") or {"streams": 256, "prompt": 128, "out": 256}
     run = Run(prof, [(0.0, sat["prompt"], sat["out"])] * sat["streams"]).go()
     mk = max(run.done_seen) + http_s
-    saturation = {"nonstream": {"streams": sat["streams"], "makespan_s": mk,
-                                "out_tok_s": sat["streams"] * sat["out"] / mk}}
+    saturation = {
+        "nonstream": {"streams": sat["streams"], "makespan_s": mk, "out_tok_s": sat["streams"] * sat["out"] / mk}
+    }
     mix = real.get("mix") or {}
     inj = []
     if mix:
@@ -122,8 +132,9 @@ def replay_model(prof: Profile, real: dict, http_s: float) -> tuple[dict, dict]:
         run = Run(prof, arr).go()
         for i in mix["inject"]:
             k = next(k for k, x in enumerate(run.reqs) if x.arrival == i["at_s"])
-            inj.append({"prompt": i["prompt"], "at_s": i["at_s"],
-                        "ttft_ms": (run.first_seen[k] - i["at_s"] + http_s) * 1e3})
+            inj.append(
+                {"prompt": i["prompt"], "at_s": i["at_s"], "ttft_ms": (run.first_seen[k] - i["at_s"] + http_s) * 1e3}
+            )
     return {"ttft": ttft}, {"tpot": tpot, "saturation": saturation, "mix": {"batch": mix.get("batch"), "inject": inj}}
 
 
@@ -131,9 +142,17 @@ def replay_kv(prof: Profile, real: dict, http_s: float) -> dict:
     run = Run(prof, [(0.0, real["prompt"], real["out"])] * real["requests"], kv_tokens=real["kv_tokens"]).go()
     e2e = sorted(d + http_s for d in run.done_seen)
     q = lambda x: e2e[min(len(e2e) - 1, round(x * (len(e2e) - 1)))]  # noqa: E731
-    return {"kv": {"kv_tokens": real["kv_tokens"], "makespan_s": e2e[-1], "e2e_s_p50": statistics.median(e2e),
-                   "e2e_s_p99": q(0.99), "preemptions": run.engine.stats.preemptions,
-                   "max_running": run.max_running, "max_waiting": run.max_waiting}}
+    return {
+        "kv": {
+            "kv_tokens": real["kv_tokens"],
+            "makespan_s": e2e[-1],
+            "e2e_s_p50": statistics.median(e2e),
+            "e2e_s_p99": q(0.99),
+            "preemptions": run.engine.stats.preemptions,
+            "max_running": run.max_running,
+            "max_waiting": run.max_waiting,
+        }
+    }
 
 
 def main() -> None:

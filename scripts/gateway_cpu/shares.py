@@ -9,16 +9,37 @@ import sys
 LAYERS = [
     ("uvicorn: HTTP parsing, socket writes to the client", ["uvicorn/"]),
     ("starlette: app, middleware stack, routing", ["starlette/"]),
-    ("aiohttp: the upstream request, pool, parsing",
-     ["aiohttp/", "multidict", "yarl/", "propcache", "aiohappyeyeballs"]),
+    (
+        "aiohttp: the upstream request, pool, parsing",
+        ["aiohttp/", "multidict", "yarl/", "propcache", "aiohappyeyeballs"],
+    ),
     ("httpx2: the worker client's API layer", ["httpx2/", "httpcore2/"]),
     ("backends/client.py, backends/transport.py", ["backends/"]),
     ("router/proxy.py, router/sse.py", ["router/proxy.py", "router/sse.py"]),
-    ("edge, asgi, features, auth, middleware", ["router/edge.py", "router/asgi.py", "router/features.py",
-                                                "router/auth.py", "router/middleware.py", "router/ratelimit.py"]),
+    (
+        "edge, asgi, features, auth, middleware",
+        [
+            "router/edge.py",
+            "router/asgi.py",
+            "router/features.py",
+            "router/auth.py",
+            "router/middleware.py",
+            "router/ratelimit.py",
+        ],
+    ),
     ("policy and fleet state", ["router/policies", "router/state", "router/types.py"]),
-    ("metrics, request log, audit line (logging)", ["router/metrics.py", "prometheus_client", "router/requestlog.py",
-                                                     "router/audit.py", "orjson", "router/gateway.py", "logging/"]),
+    (
+        "metrics, request log, audit line (logging)",
+        [
+            "router/metrics.py",
+            "prometheus_client",
+            "router/requestlog.py",
+            "router/audit.py",
+            "orjson",
+            "router/gateway.py",
+            "logging/",
+        ],
+    ),
     ("json (stdlib)", ["json/"]),
     ("asyncio: the event loop (uvloop), tasks, timeouts", ["asyncio/", "uvloop", "contextlib", "_weakrefset"]),
 ]

@@ -116,4 +116,3 @@ def test_clients_hanging_up_mid_stream_at_random_points(gateway_server: Gw, fake
     assert 'status="499"' in metrics and 'status="5' not in metrics
     r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 200  # and the gateway serves on
-
