@@ -43,18 +43,25 @@ class PrefixIndex:
             return {}
         return {w: min(1.0, n * WORDS_PER_BLOCK / prompt_tokens) for w, n in self.match(hashes).items()}
 
-    def record(self, hashes: Sequence[int], worker: str) -> None:
-        """``worker`` was sent a prompt with these leading blocks."""
+    def record(self, hashes: Sequence[int], worker: str) -> list[int]:
+        """``worker`` was sent a prompt with these leading blocks. Returns the hashes whose most recent
+        worker this changed (new to the index, or last seen on another worker): the news worth
+        telling other gateways."""
         entries = self._entries
+        news: list[int] = []
         for h in hashes:
             workers = entries.get(h)
             if workers is None:
                 entries[h] = [worker]
+                news.append(h)
             else:
-                if worker in workers:
-                    workers.remove(worker)
-                workers.append(worker)
-                del workers[: -self.ways]
+                if workers[-1] != worker:
+                    news.append(h)
+                    if worker in workers:
+                        workers.remove(worker)
+                    workers.append(worker)
+                    del workers[: -self.ways]
                 entries.move_to_end(h)
         while len(entries) > self.capacity:
             entries.popitem(last=False)
+        return news

@@ -5,15 +5,15 @@
 
 * ``enrich``: computes the prompt's sketch, task terms and prefix hashes once, looks the hashes up in the local
   :class:`PrefixIndex` (-> ``features.prefix_hits``) and notes the sketch in the request record;
-* ``dispatched``: records the prompt's blocks against the chosen worker and returns what the log
-  needs to rebuild the worker's features (profile, time scale, expected prefix share);
+* ``dispatched``: records the prompt's blocks against the chosen worker (and shares what is new
+  to the index with the other gateways, through the fleet state: ``share_through``) and returns
+  what the log needs to rebuild the worker's features (profile, time scale, expected prefix share);
 * ``observe``: adds the finished request to the bounded, load-bucketed training window;
 * ``feedback``: keeps a quality score for a recent request id.
 
 In the background, every ``refit_interval_s`` it refits a :class:`Predictor` on the window in a
 worker thread (never on the event loop; the decision path never fits), swaps it into the policy's
-:class:`ModelSlot`, and optionally saves it. The prefix index is per process; sharing it between
-replicas through the fleet state is future work.
+:class:`ModelSlot`, and optionally saves it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import logging
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from threadpoolctl import threadpool_limits
@@ -36,6 +37,7 @@ from predictor.sketch import prefix_hashes, prompt_text, task_text, text_feature
 from predictor.window import TrainingWindow
 from router.config import Config, PredictorConfig
 from router.requestlog import RequestRecord
+from router.state.base import FleetState
 from router.types import RequestFeatures
 
 log = logging.getLogger("chimera.predictor")
@@ -49,12 +51,21 @@ class PredictorRuntime:
         self.profiles: dict[str, WorkerProfile] = worker_profiles(config)
         self.slot = ModelSlot(PriorPredictor())
         self.prefix = PrefixIndex()
+        self._share: Callable[[Sequence[int], str], None] | None = None
         self.window = TrainingWindow(self.settings.window)
         self._scores: OrderedDict[str, float] = OrderedDict()
         self._seen: OrderedDict[str, None] = OrderedDict()  # ids of requests in (or recently in) the window
         self._fitted_at = 0
         self._task: asyncio.Task[None] | None = None
         self.refits = 0
+
+    def share_through(self, state: FleetState) -> None:
+        """Exchange prefix-index news with the other gateways on ``state`` (a no-op for memory)."""
+        self._share = state.share_prefix
+        state.on_shared_prefix(self._learn_shared)
+
+    def _learn_shared(self, hashes: Sequence[int], backend: str) -> None:
+        self.prefix.record(hashes, backend)
 
     async def start(self) -> None:
         if self.settings.model:
@@ -84,7 +95,9 @@ class PredictorRuntime:
         return dataclasses.replace(features, sketch=sk, terms=terms, prefix_hashes=hashes, prefix_hits=hits)
 
     def dispatched(self, features: RequestFeatures, backend: str) -> dict[str, Any]:
-        self.prefix.record(features.prefix_hashes, backend)
+        news = self.prefix.record(features.prefix_hashes, backend)
+        if news and self._share is not None:
+            self._share(news, backend)
         wp = self.profiles.get(backend)
         return {
             "profile": wp.name if wp else None,

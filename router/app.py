@@ -83,6 +83,7 @@ def create_app(
             await request_log.start()
             stack.push_async_callback(request_log.close)
             if runtime is not None:
+                runtime.share_through(fleet)
                 await runtime.start()
                 stack.push_async_callback(runtime.close)
             gateway = Gateway(

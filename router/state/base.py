@@ -6,6 +6,7 @@ writes are async so a shared implementation (Redis) can make them one round trip
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -107,4 +108,15 @@ class FleetState(Protocol):
         self, backend: str, ok: bool, *, ttft_s: float | None = None, tpot_s: float | None = None
     ) -> None:
         """Passive health: a proxied request's outcome (a worker failure or success) and timings."""
+        ...
+
+    def share_prefix(self, hashes: Sequence[int], backend: str) -> None:
+        """Tell the other gateways that ``backend`` was just sent a prompt with these leading block
+        hashes (what the predictor's prefix index learnt). No I/O: a shared state sends them with
+        its next sync; a local one has no one to tell."""
+        ...
+
+    def on_shared_prefix(self, apply: Callable[[Sequence[int], str], None]) -> None:
+        """Have ``apply(hashes, backend)`` called (on the event loop) for each prefix another gateway
+        shares from now on."""
         ...

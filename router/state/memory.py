@@ -95,3 +95,11 @@ class MemoryFleetState:
         self, backend: str, ok: bool, *, ttft_s: float | None = None, tpot_s: float | None = None
     ) -> None:
         self._table.result(backend, ok, ttft_s, tpot_s)
+
+    # -- prefix index: no other gateway to tell --
+
+    def share_prefix(self, hashes: Sequence[int], backend: str) -> None:
+        return None
+
+    def on_shared_prefix(self, apply: Callable[[Sequence[int], str], None]) -> None:
+        return None

@@ -15,6 +15,11 @@ Each replica keeps the same local :class:`~router.state.table.FleetTable` as the
   in ``ELECT``); the holder probes and publishes the outcome; every replica applies each published
   probe to its own table once (``seq``), so active health is shared. Passive health (request
   outcomes) and the latency EWMAs stay per replica.
+* **Prefix index.** What the predictor's prefix index learns (``share_prefix``: block hashes ->
+  the worker they were sent to) is queued locally and appended, once per sync, to a capped stream
+  (``XADD MAXLEN ~``) in the same pipelined round trip that reads the other replicas' entries
+  since the last one seen (``XREAD``); each is handed to ``on_shared_prefix``'s callback. A replica
+  starts reading at the stream's end: it learns from then on. Only when a predictor listens.
 * **Outage.** Every call is bounded by ``op_timeout_s``. On an error the state turns degraded: it
   logs once, counts it, stops calling Redis on the hot path (reserve/release only touch the local
   table; every replica probes for itself) and the sync task retries with backoff. The first
@@ -34,7 +39,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -53,6 +59,10 @@ from router.types import FleetSnapshot
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 2.0  # the sync task retries a lost Redis at most this far apart
+PREFIX_STREAM_LEN = 20_000  # entries kept in the shared prefix stream (one per replica and sync at most)
+PREFIX_STREAM_TTL_MS = 86_400_000  # a fleet gone for a day leaves no stream behind
+PREFIX_READ_BATCH = 256  # entries applied per sync at most (the rest: the next one)
+PREFIX_PENDING_MAX = 4_096  # prompts queued for the next sync at most (the oldest are dropped)
 PROBE_LEASE_INTERVALS = 3  # a probe lease outlives its holder by this many probe intervals
 
 
@@ -78,9 +88,12 @@ class RedisFleetState:
         self._probe_seen: dict[str, tuple[str, str]] = {}  # worker -> (seq, at) of the last probe applied
         self._others: dict[str, dict[str, tuple[int, int]]] = {}  # replica -> worker -> (requests, tokens)
         p = "{" + options.prefix + "}"
-        self._k_replicas, self._k_load, self._k_probe, self._k_lease = (
-            f"{p}:replicas", f"{p}:load:", f"{p}:probe:", f"{p}:lease:",
+        self._k_replicas, self._k_load, self._k_probe, self._k_lease, self._k_prefix = (
+            f"{p}:replicas", f"{p}:load:", f"{p}:probe:", f"{p}:lease:", f"{p}:prefix",
         )  # fmt: skip
+        self._prefix_out: deque[tuple[str, Sequence[int]]] = deque(maxlen=PREFIX_PENDING_MAX)
+        self._prefix_apply: Callable[[Sequence[int], str], None] | None = None
+        self._prefix_seen: str | None = None  # the last stream id read (None: not positioned yet)
         self._probe_lease_ms = int(health.probe_interval_s * PROBE_LEASE_INTERVALS * 1000)
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, Any] = {}
@@ -229,6 +242,8 @@ class RedisFleetState:
         while True:
             await asyncio.sleep(delay)
             ok = await self.sync()
+            if ok and (self._prefix_out or self._prefix_apply is not None):
+                await self.exchange_prefixes()
             if task is not None and task.cancelling():
                 # A cancel that arrived as Redis answered can be swallowed inside redis-py (CPython
                 # 3.11's asyncio.wait_for returns the result instead): honour it here, or close()
@@ -264,17 +279,79 @@ class RedisFleetState:
         metrics = _metrics(h["m"]) if h.get("mat") == h["at"] and h.get("m") else None
         self._table.probe(backend, h.get("ok") == "1", metrics, self._table.clock() - age_s)
 
+    # -- prefix index --
+
+    def share_prefix(self, hashes: Sequence[int], backend: str) -> None:
+        if hashes:
+            self._prefix_out.append((backend, hashes))
+
+    def on_shared_prefix(self, apply: Callable[[Sequence[int], str], None]) -> None:
+        self._prefix_apply = apply
+
+    async def exchange_prefixes(self) -> bool:
+        """One pipelined round trip: append what this replica learnt, read what the others did.
+        False when Redis did not answer (the queued news is dropped: the index is a guess anyway)."""
+        out = [f"{b}\t{' '.join(format(h, 'x') for h in hs)}" for b, hs in self._prefix_out]
+        self._prefix_out.clear()
+        listen, seen = self._prefix_apply is not None, self._prefix_seen
+        if not out and not listen:
+            return True
+
+        async def pipeline() -> list[Any]:
+            assert self._client is not None
+            pipe = self._client.pipeline(transaction=False)
+            if out:
+                pipe.xadd(self._k_prefix, {"r": self.replica_id, "d": "\n".join(out)},
+                          maxlen=PREFIX_STREAM_LEN, approximate=True)  # fmt: skip
+                pipe.pexpire(self._k_prefix, PREFIX_STREAM_TTL_MS)
+            if listen and seen is None:
+                pipe.xrevrange(self._k_prefix, count=1)  # start at the end (after our own entry)
+            elif listen and seen is not None:
+                pipe.xread({self._k_prefix: seen}, count=PREFIX_READ_BATCH)
+            return list(await pipe.execute())
+
+        replies = await self._round_trip(pipeline)
+        if replies is None:
+            return False
+        if not listen:
+            return True
+        last = replies[-1]
+        if seen is None:
+            self._prefix_seen = last[0][0] if last else "0-0"
+            return True
+        for entry_id, fields in _stream_entries(last):
+            self._prefix_seen = entry_id
+            if fields.get("r") != self.replica_id:
+                self._apply_prefixes(fields.get("d", ""))
+        return True
+
+    def _apply_prefixes(self, data: str) -> None:
+        apply, known = self._prefix_apply, self._table.records
+        assert apply is not None
+        for line in data.split("\n"):
+            backend, _, raw = line.partition("\t")
+            if backend not in known:
+                continue  # a worker this replica is not configured with
+            try:
+                hashes = [int(x, 16) for x in raw.split()]
+            except ValueError:
+                continue  # not ours to apply (another version's format)
+            apply(hashes, backend)
+
     # -- plumbing --
 
     async def _call(self, script: str, keys: list[str], args: Sequence[str | int], *,
                     while_degraded: bool = False) -> Any:  # fmt: skip
         """One round trip; None on any Redis failure (the state turns degraded), never raises."""
+        return await self._round_trip(lambda: self._scripts[script](keys=keys, args=args), while_degraded)
+
+    async def _round_trip(self, op: Callable[[], Awaitable[Any]], while_degraded: bool = False) -> Any:
         if self._client is None or (self._degraded and not while_degraded):
             return None
         self._round_trips += 1
         try:
             async with asyncio.timeout(self._opts.op_timeout_s):
-                return await self._scripts[script](keys=keys, args=args)
+                return await op()
         except (RedisError, OSError, TimeoutError) as exc:
             self._errors += 1
             if not self._degraded:
@@ -300,3 +377,8 @@ def _metrics(raw: str) -> ScrapedMetrics | None:
         return ScrapedMetrics(**{f.name: data.get(f.name) for f in dataclasses.fields(ScrapedMetrics)})
     except (ValueError, TypeError, AttributeError):
         return None
+
+
+def _stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
+    """XREAD's entries, as this state's client (RESP2) gets them: ``[[stream, [(id, fields), ...]]]``."""
+    return [(entry_id, fields) for _, entries in reply or () for entry_id, fields in entries]

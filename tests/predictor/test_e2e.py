@@ -11,6 +11,9 @@ import httpx
 import openai
 
 from tests.conftest import ServerThread, make_config
+from tests.redisutil import SHARED_URL, redis_prefix
+
+__all__ = ["redis_prefix"]  # fixture
 
 Start = Callable[..., ServerThread]
 
@@ -63,3 +66,51 @@ def test_predictive_gateway_routes_logs_predictions_and_takes_feedback(
     ).items()
     metrics = httpx.get(gw.url + "/metrics").text
     assert 'chimera_prediction_error_ratio_count{target="e2e"} 3.0' in metrics
+
+
+def test_replicas_on_redis_share_the_prefix_index(
+    sim_server: Start, gateway_server: Start, tmp_path: Path, redis_prefix: str
+) -> None:
+    """A workflow's first stage through one replica, its next through another: the second replica
+    knows which worker holds the context (its expected prefix share), though it never sent it."""
+    small = sim_server(model="qwen2.5-0.5b", profile="h200-qwen2.5-0.5b")
+    big = sim_server(model="qwen2.5-14b", profile="h200-qwen2.5-14b")
+    logs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    backends = [
+        {"name": "small", "url": small.url, "model": "qwen2.5-0.5b", "profile": "h200-qwen2.5-0.5b"},
+        {"name": "big", "url": big.url, "model": "qwen2.5-14b", "profile": "h200-qwen2.5-14b"},
+    ]
+    agents = [{"name": "coder", "models": ["qwen2.5-14b", "qwen2.5-0.5b"], "sla": {"e2e_ms": 60000}}]
+    state = f"{SHARED_URL}?prefix={redis_prefix}&sync_interval_s=0.05"
+    configs = [
+        make_config(
+            backends,
+            agents,
+            policy="predictive",
+            default_agent="coder",
+            request_log=str(log),
+            state=state,
+            predictor={"refit_interval_s": 0},
+        )
+        for log in logs
+    ]
+    gws = [gateway_server(cfg) for cfg in configs]
+    messages = [{"role": "user", "content": "implement a parser " * 40}]
+    with openai.OpenAI(base_url=gws[0].url + "/v1", api_key="x", max_retries=0) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="auto", messages=messages, max_tokens=16, extra_body={"sim": {"output_tokens": 8}}
+        )
+    first = raw.headers["x-chimera-backend"]
+    messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content or ""})
+    messages.append({"role": "user", "content": "now test it"})
+    time.sleep(0.5)  # a few syncs: the news goes out with the first replica's, in with the second's
+    with openai.OpenAI(base_url=gws[1].url + "/v1", api_key="x", max_retries=0) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="auto", messages=messages, max_tokens=16, extra_body={"sim": {"output_tokens": 8}}
+        )
+    second = raw.headers["x-request-id"]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and second not in logs[1].read_text():
+        time.sleep(0.1)
+    rec = next(json.loads(line) for line in logs[1].read_text().splitlines() if second in line)
+    assert rec["backend"] == first and rec["fleet"]["prefix_share"] > 0.5

@@ -76,6 +76,17 @@ def test_prefix_index_matches_longest_prefix_per_worker_and_is_bounded() -> None
     assert len(idx) == 20
 
 
+def test_prefix_index_reports_what_is_news_to_it() -> None:
+    idx = PrefixIndex()
+    h = prefix_hashes(WORDS)
+    assert idx.record(h[:3], "a") == list(h[:3])  # all new
+    assert idx.record(h[:3], "a") == []  # nothing changed: nothing to tell other gateways
+    assert idx.record(h, "a") == list(h[3:])  # only the deeper blocks are new
+    assert idx.record(h[:2], "b") == list(h[:2])  # now last seen on another worker
+    assert idx.record(h[:2], "a") == list(h[:2])  # and back
+    assert idx.match(h) == {"a": len(h), "b": 2}
+
+
 def test_window_keeps_rare_load_regimes() -> None:
     w = TrainingWindow(capacity=100)
     for i in range(10):

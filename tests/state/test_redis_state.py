@@ -136,6 +136,35 @@ async def test_one_replica_probes_each_worker_and_all_apply_its_probes(
     assert await b.should_probe("a")
 
 
+async def test_replicas_exchange_prefix_index_news(replicas: Make) -> None:
+    a, b, c = await replicas(), await replicas(), await replicas()
+    got: dict[str, list[tuple[list[int], str]]] = {"a": [], "b": []}
+    a.on_shared_prefix(lambda hashes, w: got["a"].append((list(hashes), w)))
+    b.on_shared_prefix(lambda hashes, w: got["b"].append((list(hashes), w)))
+    await eventually(lambda: a._prefix_seen is not None and b._prefix_seen is not None)  # listening from here
+    deep = (255 << 32) | 0xFFFFFFFF  # the largest a prefix hash can be
+    a.share_prefix([1, 2, deep], "a")
+    c.share_prefix([7], "b")  # c shares without listening (a gateway without a predictor never calls it)
+    c.share_prefix([8], "nope")  # a worker the others are not configured with: skipped
+    await eventually(lambda: len(got["b"]) == 2 and len(got["a"]) == 1)
+    assert sorted(got["b"]) == [([1, 2, deep], "a"), ([7], "b")]
+    assert got["a"] == [([7], "b")]  # its own news is not handed back
+    await asyncio.sleep(0.2)
+    assert len(got["a"]) == 1 and len(got["b"]) == 2  # each entry applied once
+
+
+async def test_a_late_replica_starts_at_the_streams_end(replicas: Make) -> None:
+    a = await replicas()
+    a.share_prefix([1], "a")
+    await eventually(lambda: a.stats().round_trips > 3)
+    b = await replicas()
+    got: list[tuple[list[int], str]] = []
+    b.on_shared_prefix(lambda hashes, w: got.append((list(hashes), w)))
+    await eventually(lambda: b._prefix_seen is not None)
+    a.share_prefix([2], "a")
+    await eventually(lambda: got == [([2], "a")])
+
+
 async def test_killed_replica_leaks_nothing_after_its_ttl(replicas: Make, redis_prefix: str) -> None:
     a = await replicas()
     child = f"""
