@@ -28,7 +28,7 @@ from typing import Any
 
 from threadpoolctl import threadpool_limits
 
-from predictor import artifact
+from predictor import artifact, fleetview
 from predictor.dataset import samples
 from predictor.model import ModelSlot, Predictor, PriorPredictor
 from predictor.prefix import PrefixIndex
@@ -38,7 +38,7 @@ from predictor.window import TrainingWindow
 from router.config import Config, PredictorConfig
 from router.requestlog import RequestRecord
 from router.state.base import FleetState
-from router.types import RequestFeatures
+from router.types import BackendView, RequestFeatures
 
 log = logging.getLogger("chimera.predictor")
 
@@ -66,6 +66,12 @@ class PredictorRuntime:
 
     def _learn_shared(self, hashes: Sequence[int], backend: str) -> None:
         self.prefix.record(hashes, backend)
+
+    def fleet_predictions(self, views: Sequence[BackendView]) -> tuple[dict[str, dict[str, float]], str]:
+        """``/fleet``'s predicted latency per worker (:mod:`predictor.fleetview`), and by what: "learned"
+        or "prior"."""
+        source = "prior" if isinstance(self.slot.current, PriorPredictor) else "learned"
+        return fleetview.slot_predictions(self.slot, views, self.profiles), source
 
     async def start(self) -> None:
         if self.settings.model:

@@ -10,8 +10,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from predictor import fleetview
+from predictor.prior import worker_profiles
 from router.errors import NoHealthyWorker
-from router.gateway import gateway_of
+from router.gateway import Gateway, gateway_of
 from router.types import BackendView
 
 
@@ -42,10 +44,13 @@ async def fleet(request: Request) -> JSONResponse:
     gw = gateway_of(request)
     gw.agents.check_admin(request.headers)
     state = gw.state
+    views = state.snapshot().backends
+    predicted, source = _predictions(gw, views)
     body: dict[str, Any] = {
         "state": "degraded" if state.degraded else state.kind,
         "policy": gw.policy_name,
-        "backends": [_backend_json(b) for b in state.snapshot().backends],
+        "backends": [_backend_json(b, predicted.get(b.name, {})) for b in views],
+        "predicted_for": {**fleetview.reference(), "by": source},
     }
     if replicas := state.replicas():  # a shared state: every replica's share of inflight_*
         body["replicas"] = [
@@ -56,7 +61,15 @@ async def fleet(request: Request) -> JSONResponse:
     return JSONResponse(body)
 
 
-def _backend_json(b: BackendView) -> dict[str, Any]:
+def _predictions(gw: Gateway, views: tuple[BackendView, ...]) -> tuple[dict[str, dict[str, float]], str]:
+    """Each worker's predicted latency for the reference request: the gateway's predictor's where it
+    has one, else the analytic prior of the workers' profiles."""
+    if gw.predictor is not None:
+        return gw.predictor.fleet_predictions(views)
+    return fleetview.prior_predictions(views, worker_profiles(gw.config)), "prior"
+
+
+def _backend_json(b: BackendView, predicted: dict[str, float]) -> dict[str, Any]:
     return {
         "name": b.name,
         "model": b.model,
@@ -72,6 +85,8 @@ def _backend_json(b: BackendView) -> dict[str, Any]:
         "last_success_age_s": b.last_success_age_s,
         "ttft_ewma_ms": None if b.ttft_ewma_s is None else b.ttft_ewma_s * 1000.0,
         "tpot_ewma_ms": None if b.tpot_ewma_s is None else b.tpot_ewma_s * 1000.0,
-        "predicted_ttft_ms": None,  # filled in once a predictor is wired into /fleet
+        "predicted_ttft_ms": predicted.get("ttft_ms"),  # for the reference request: body["predicted_for"]
+        "predicted_tpot_ms": predicted.get("tpot_ms"),
+        "predicted_e2e_ms": predicted.get("e2e_ms"),
         "tags": sorted(b.tags),
     }

@@ -212,6 +212,8 @@ def test_fleet_metrics_ready_and_request_log(gateway_server: Gw, two_models: Any
             "predicted_ttft_ms",
         } <= set(b)
         assert b["healthy"] and b["inflight_requests"] == 0 and b["inflight_tokens"] == 0
+        assert 0 < b["predicted_ttft_ms"] < b["predicted_e2e_ms"] and b["predicted_tpot_ms"] > 0
+    assert fleet["predicted_for"] == {"prompt_tokens": 1024, "output_tokens": 256, "by": "prior"}
     metrics = httpx.get(gw.url + "/metrics").text
     for name in ("chimera_requests_total{", "chimera_ttft_seconds_bucket{", "chimera_e2e_seconds_bucket{",
                  "chimera_sla_violations_total{", "chimera_backend_healthy{", "chimera_backend_inflight{",
