@@ -137,6 +137,16 @@ _SCHEMAS: dict[str, Any] = {
             "policy": {"type": "string"},
             "backends": {"type": "array", "items": {"type": "object"}},
             "replicas": {"type": "array", "items": {"type": "object"}},
+            "predicted_for": {
+                "type": "object",
+                "description": "the reference request behind each backend's predicted_*_ms, and whose "
+                "prediction it is (`by`: learned | prior)",
+                "properties": {
+                    "prompt_tokens": {"type": "integer"},
+                    "output_tokens": {"type": "integer"},
+                    "by": {"enum": ["learned", "prior"]},
+                },
+            },
         },
     },
 }
@@ -218,7 +228,10 @@ def openapi_document(config: Config) -> dict[str, Any]:
             },
             "/fleet": {
                 "get": _get_op(
-                    "Every worker's health and load", _json_body("Fleet") | {"description": "ok"}, admin_errors, admin
+                    "Every worker's health, load and predicted latency",
+                    _json_body("Fleet") | {"description": "ok"},
+                    admin_errors,
+                    admin,
                 )
             },
             "/openapi.json": {"get": _get_op("This document", json_ok)},
