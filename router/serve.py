@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from router.config import BackendConfig, Config, load_config
 from router.errors import ChimeraError
 from router.logqueue import BatchedLogQueue
-from router.wire import HeadFirstProtocol
+from router.wire import SERVER_OPTIONS
 
 log = logging.getLogger("chimera.serve")
 
@@ -205,11 +205,9 @@ def _serve(cfg: Config, *, config_path: str, host: str | None, port: int | None,
             "chimera gateway on http://%s:%d (policy %s, state %s)", host, port, cfg.gateway.policy, cfg.gateway.state
         )
         if workers == 1:
-            uvicorn.run(create_app(cfg), host=host, port=port, log_level="warning", access_log=False,
-                        http=HeadFirstProtocol)  # fmt: skip
+            uvicorn.run(create_app(cfg), host=host, port=port, **SERVER_OPTIONS)
         else:
             os.environ[CONFIG_ENV] = os.path.abspath(config_path)
             uvicorn.run(
-                "router.serve:app_factory", factory=True, host=host, port=port, workers=workers,
-                log_level="warning", access_log=False, http=HeadFirstProtocol,
+                "router.serve:app_factory", factory=True, host=host, port=port, workers=workers, **SERVER_OPTIONS,
             )  # fmt: skip

@@ -65,3 +65,8 @@ class HeadFirstProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         holding = HeadHoldingTransport(transport, self.loop)
         super().connection_made(holding)  # type: ignore[arg-type]
+
+
+# How the gateway's uvicorn server runs, for `chimera serve` and the bench's gateway processes alike:
+# this protocol, uvicorn's own logs only for warnings, no access log (the request log has it all).
+SERVER_OPTIONS: dict[str, Any] = {"http": HeadFirstProtocol, "log_level": "warning", "access_log": False}

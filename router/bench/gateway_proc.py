@@ -29,6 +29,7 @@ import uvicorn
 
 from router.config import Config, load_config
 from router.errors import ChimeraError
+from router.wire import SERVER_OPTIONS
 
 
 def with_overrides(
@@ -152,13 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     from router.app import create_app
 
-    app = create_app(cfg)
+    app = create_app(cfg)  # served as `chimera serve` serves it (router.wire.SERVER_OPTIONS)
     if args.reuse_port:
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        server = uvicorn.Server(uvicorn.Config(app, **SERVER_OPTIONS))
         server.run(sockets=[listen(args.host, args.port)])
         return 0
     if not args.profile:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        uvicorn.run(app, host=args.host, port=args.port, **SERVER_OPTIONS)
         return 0
     # uvicorn re-raises the SIGTERM it caught once it has shut down; a no-op handler lets the
     # profile below be written instead of the process dying on the spot.
@@ -166,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prof = cProfile.Profile()
     prof.enable()
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        uvicorn.run(app, host=args.host, port=args.port, **SERVER_OPTIONS)
     finally:
         prof.disable()
         out = Path(args.profile)
