@@ -13,6 +13,7 @@ at the first rate, and its profile is written to ``DIR/gateway-profile.{prof,txt
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -69,6 +70,8 @@ async def offer(url: str, rate: float, duration_s: float, warmup_s: float, seed:
     idle: list[_Conn] = []
     lat: list[tuple[float, float]] = []  # (scheduled arrival, latency)
     errors = [0]
+    kinds: collections.Counter[str] = collections.Counter()  # what the measured errors were
+    reconnects = [0]  # requests sent again on a new connection: the server had closed the idle one
     rng = random.Random(f"overhead:{seed}:{rate}")
     slots = asyncio.Semaphore(MAX_CONNECTIONS)
     horizon = warmup_s + duration_s
@@ -80,13 +83,26 @@ async def offer(url: str, rate: float, duration_s: float, warmup_s: float, seed:
     async def _one(at: float, t0: float) -> None:
         conn = idle.pop() if idle else None
         try:
+            if conn is not None:
+                try:
+                    await asyncio.wait_for(conn.request(head), timeout=10.0)
+                except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError) as exc:
+                    if getattr(exc, "partial", b""):
+                        raise
+                    # the server closed this idle keep-alive connection (uvicorn: after 5 s) as we
+                    # reused it, before answering: a new connection, as HTTP clients do
+                    conn.writer.close()
+                    conn = None
+                    reconnects[0] += 1
             if conn is None:
                 conn = _Conn(*await asyncio.open_connection(host, int(port)))
-            await asyncio.wait_for(conn.request(head), timeout=10.0)
+                await asyncio.wait_for(conn.request(head), timeout=10.0)
             lat.append((at, time.monotonic() - t0 - at))
             idle.append(conn)
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
-            errors[0] += at >= warmup_s
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            if at >= warmup_s:
+                errors[0] += 1
+                kinds[f"{type(exc).__name__}: {exc}"[:120]] += 1
             if conn is not None:
                 conn.writer.close()
 
@@ -102,11 +118,14 @@ async def offer(url: str, rate: float, duration_s: float, warmup_s: float, seed:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         errors[0] += len(pending)
+        if pending:
+            kinds["unfinished after 15 s"] += len(pending)
     for conn in idle:
         conn.writer.close()
     measured = [ms * 1000 for a, ms in lat if a >= warmup_s]
     finished = [a for a, ms in lat if warmup_s <= a + ms < horizon]
-    return {"requests": len(measured) + errors[0], "errors": errors[0],
+    return {"requests": len(measured) + errors[0], "errors": errors[0], "error_kinds": dict(kinds),
+            "reconnects": reconnects[0],
             "rps": round(len(finished) / duration_s, 1), "e2e_ms": quantiles(measured)}  # fmt: skip
 
 
@@ -172,13 +191,16 @@ def _entry(rate: float, direct: dict[str, Any], via: dict[str, Any], duration_s:
 
     return {
         "policy": "round_robin", "workload": "overhead", "rate": rate,
-        "requests": via["requests"], "errors": via["errors"], "throughput_rps": via["rps"],
+        "requests": via["requests"], "errors": via["errors"], "error_kinds": via["error_kinds"],
+        "reconnects": via["reconnects"],
+        "throughput_rps": via["rps"],
         "output_tok_per_s": round(via["rps"] * 8, 1), "ttft_ms": via["e2e_ms"], "e2e_ms": via["e2e_ms"],
         "workflow_e2e_ms": via["e2e_ms"], "sla_attainment": None, "goodput_rps": None, "task_success": None,
         "added_latency_ms": {"p50": added("p50"), "p99": added("p99")},
         "direct_rps": direct["rps"], "gateway_rps": via["rps"],
         "throughput_ratio": round(via["rps"] / direct["rps"], 3) if direct["rps"] else None,
-        "direct": {"requests": direct["requests"], "errors": direct["errors"], "e2e_ms": direct["e2e_ms"]},
+        "direct": {"requests": direct["requests"], "errors": direct["errors"], "error_kinds": direct["error_kinds"],
+                   "reconnects": direct["reconnects"], "e2e_ms": direct["e2e_ms"]},
         "config": {"workload": "overhead", "rate": rate, "duration_s": duration_s, "warmup_s": warmup_s,
                    "worker": "router.bench.fastworker (8 tokens, streamed)", "client": "raw asyncio HTTP/1.1",
                    "pinning": f"gateway on core {cores[0]}; worker and client on core {cores[1]}"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from router.bench.overhead import run_overhead
+from router.bench.overhead import offer, run_overhead
 from router.bench.runner import BenchSpec, run_bench
 from tests.redisutil import redis_prefix
 
@@ -52,6 +53,34 @@ def test_overhead_workload_fields(tmp_path: Path) -> None:
     assert e["errors"] == 0 and e["added_latency_ms"]["p50"] is not None
     assert json.loads((tmp_path / "results.json").read_text()) == entries
     assert "tottime" in (tmp_path / "gateway-profile.txt").read_text()
+
+
+async def test_overhead_client_resends_on_a_connection_the_server_closed_while_idle() -> None:
+    """A server that closes every connection after one answer (as uvicorn does an idle keep-alive one
+    after 5 s): each reuse finds it closed before any answer, so the request goes again on a new
+    connection and counts as a reconnect, not an error. A server that breaks off mid-answer is an error."""
+    served = [0]
+
+    async def one_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cut: bool) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(x for x in head.split(b"\r\n") if x.lower().startswith(b"content-length")).split(b":")[1])
+        await reader.readexactly(length)
+        served[0] += 1
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n" + (b"o" if cut else b"ok"))
+        await writer.drain()
+        writer.close()
+
+    for cut in (False, True):
+        server = await asyncio.start_server(lambda r, w, cut=cut: one_answer(r, w, cut), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            got = await offer(f"http://127.0.0.1:{port}", rate=40.0, duration_s=0.5, warmup_s=0.0, seed=1)
+        if not cut:
+            assert got["errors"] == 0 and got["requests"] == served[0] > 5  # each served once
+            assert got["reconnects"] > 0
+        else:
+            assert got["errors"] == got["requests"] > 5 and got["reconnects"] == 0
+            assert all(k.startswith("IncompleteReadError") for k in got["error_kinds"])
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
