@@ -119,6 +119,7 @@ class RedisFleetState:
         for name in ("PUT", "SYNC", "PUBLISH_PROBE", "ELECT", "GOODBYE", "TAKE_TOKENS"):
             self._scripts[name] = self._client.register_script(getattr(redis_lua, name))
         await self.sync()
+        await self.exchange_prefixes(position=True)  # whatever is shared from now on reaches this replica
         self._sync_task = asyncio.create_task(self._sync_loop(), name=f"redis-state:{self.replica_id}")
 
     async def close(self) -> None:
@@ -288,12 +289,14 @@ class RedisFleetState:
     def on_shared_prefix(self, apply: Callable[[Sequence[int], str], None]) -> None:
         self._prefix_apply = apply
 
-    async def exchange_prefixes(self) -> bool:
-        """One pipelined round trip: append what this replica learnt, read what the others did.
+    async def exchange_prefixes(self, *, position: bool = False) -> bool:
+        """One pipelined round trip: append what this replica learnt, read what the others did
+        (``position``: only note where the stream ends now, to read from there, as at start-up).
         False when Redis did not answer (the queued news is dropped: the index is a guess anyway)."""
         out = [f"{b}\t{' '.join(format(h, 'x') for h in hs)}" for b, hs in self._prefix_out]
         self._prefix_out.clear()
-        listen, seen = self._prefix_apply is not None, self._prefix_seen
+        listen = position or self._prefix_apply is not None
+        seen = None if position else self._prefix_seen
         if not out and not listen:
             return True
 

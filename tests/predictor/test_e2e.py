@@ -91,6 +91,7 @@ def test_replicas_on_redis_share_the_prefix_index(
             request_log=str(log),
             state=state,
             predictor={"refit_interval_s": 0},
+            policy_options={"latency_slack": 100.0, "wrong_answer_s": 0.0},  # the most capable: "big"
         )
         for log in logs
     ]
@@ -103,7 +104,7 @@ def test_replicas_on_redis_share_the_prefix_index(
     first = raw.headers["x-chimera-backend"]
     messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content or ""})
     messages.append({"role": "user", "content": "now test it"})
-    time.sleep(0.5)  # a few syncs: the news goes out with the first replica's, in with the second's
+    time.sleep(1.0)  # a few syncs (every 0.05 s): the news goes out with the first's, in with the second's
     with openai.OpenAI(base_url=gws[1].url + "/v1", api_key="x", max_retries=0) as client:
         raw = client.chat.completions.with_raw_response.create(
             model="auto", messages=messages, max_tokens=16, extra_body={"sim": {"output_tokens": 8}}
