@@ -96,6 +96,7 @@ class MultiQuantileRegressor(BaseEstimator):  # type: ignore[misc]
             idx = [j for j, s in enumerate(self.slots_) if slots is None or s in slots]
             kept = [self.slots_[j] for j in idx]
             forest = self.forest_ if slots is None or not idx else PackedForest([self.estimators_[j] for j in idx])
+            forest = forest if idx else None  # no model of these slots was learned: nothing to walk
             targets = np.asarray([t for t, _ in kept], dtype=np.int64)
             quantiles = np.asarray([q for _, q in kept], dtype=np.int64)
             hit = cache[slots] = (forest, targets, quantiles)

@@ -15,6 +15,15 @@ The split is by workflow (``x-workflow-id``), not by request: the requests of on
 its task, and a seed's workflow ``i`` is the same workflow in every run of that seed, so a random
 split by request would calibrate on near-copies of the training rows. The median is left as
 fitted: it is scored by its percentage error, which a shift to median-unbiasedness does not serve.
+
+The latency p90s are calibrated per *load bucket* (Mondrian conformal prediction): one pooled factor
+covers 0.9 of all requests on average, but not of the busy ones, whose latency spreads more (queueing,
+a CPU-starved engine) — there the pooled factor under-covers and at idle it over-covers. The buckets
+are the worker's load at dispatch (:func:`predictor.prior.worker_load`), cut at quantiles of the
+*fitting* rows' load (:func:`load_edges`; not the calibration rows', so the edges do not depend on the
+scores they bucket); each bucket gets the conformal factor of its own held-out requests, and a bucket
+with fewer than :data:`MIN_ROWS` of them the pooled factor (:func:`mondrian_factors`). The output
+length's p90 stays pooled: the answer's length does not depend on the worker's load.
 """
 
 from __future__ import annotations
@@ -53,10 +62,43 @@ def conformal_factor(actual: Array, predicted: Array, level: float) -> float:
     """The factor by which ``predicted`` (a quantile ``level`` forecast) must be scaled so that it
     covers ``actual`` at ``level`` by split conformal prediction; 1.0 with fewer than
     :data:`MIN_ROWS` usable pairs."""
-    ok = np.isfinite(actual) & (actual > 0) & np.isfinite(predicted) & (predicted > 0)
-    scores = np.sort(np.log(actual[ok]) - np.log(predicted[ok]))
+    scores = _scores(actual, predicted)
     n = len(scores)
     if n < MIN_ROWS:
         return 1.0
     k = min(math.ceil((n + 1) * level), n)  # beyond n the conformal bound is infinite; take the largest
     return float(np.exp(scores[k - 1]))
+
+
+def load_edges(load: Array, bins: int) -> Array:
+    """Upper edges of ``bins`` load buckets at the quantiles of ``load`` (equal edges merged, so a load
+    that most rows share — an idle fleet's 0 — does not make empty buckets); none for ``bins`` <= 1."""
+    if bins <= 1 or not len(load):
+        return np.empty(0)
+    return np.unique(np.quantile(np.asarray(load, dtype=np.float64), np.arange(1, bins) / bins))
+
+
+def load_bucket(edges: Array, load: Array) -> npt.NDArray[np.intp]:
+    """Bucket of each ``load``: ``i`` holds ``edges[i - 1] < load <= edges[i]`` (a quantile edge closes
+    its bucket, so an edge at 0 makes an "idle" bucket)."""
+    return np.searchsorted(edges, load, side="left")
+
+
+def mondrian_factors(actual: Array, predicted: Array, buckets: npt.NDArray[np.intp], n_buckets: int,
+                     level: float) -> tuple[float, Array]:  # fmt: skip
+    """(the pooled conformal factor, the factor of each of ``n_buckets`` buckets): a bucket's own
+    split-conformal factor over its rows, the pooled one where it has fewer than :data:`MIN_ROWS`
+    usable pairs (its own quantile would be noise)."""
+    pooled = conformal_factor(actual, predicted, level)
+    factors = np.full(n_buckets, pooled)
+    for b in range(n_buckets):
+        rows = buckets == b
+        if len(_scores(actual[rows], predicted[rows])) >= MIN_ROWS:
+            factors[b] = conformal_factor(actual[rows], predicted[rows], level)
+    return pooled, factors
+
+
+def _scores(actual: Array, predicted: Array) -> Array:
+    """The sorted log ratios ``log(actual / predicted)`` of the usable (finite, positive) pairs."""
+    ok = np.isfinite(actual) & (actual > 0) & np.isfinite(predicted) & (predicted > 0)
+    return np.sort(np.log(actual[ok]) - np.log(predicted[ok]))

@@ -76,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
         header = artifact.save(model, args.out, {"samples": n_fit, "logs": [str(Path(p)) for p in args.log]})
         factors = {k: round(v, 4) for k, v in model.calibration_factors().items()}
         report: dict[str, Any] = {"trained_on": n_fit, "fit_s": round(fit_s, 2), "out": args.out,
-                                  "versions": header["versions"], "p90_factors": factors}  # fmt: skip
+                                  "versions": header["versions"], "p90_factors": factors,
+                                  "p90_factors_by_load": {k: [round(v, 4) for v in vs]
+                                                          for k, vs in model.load_calibration().items()}}  # fmt: skip
         if n_fit < len(data):
             report["heldout"] = len(data) - n_fit
             report.update({f"heldout_{k}": v for k, v in evaluate(model, data[n_fit:]).items() if k != "samples"})

@@ -21,6 +21,7 @@ from router.types import BackendView, RequestFeatures
 
 TARGETS = ("ttft", "tpot", "e2e")
 N_COLUMNS = 24
+QUALITY_COLUMN = 18  # the profile's quality (the last of _profile_columns)
 
 
 class LatencyModel(MultiQuantileRegressor):

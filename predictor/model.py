@@ -16,6 +16,7 @@ atomically between decisions.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, Self
@@ -27,9 +28,9 @@ from sklearn.linear_model import Ridge
 from sklearn.model_selection import cross_val_predict
 
 from predictor.boosting import Array, require_fitted
-from predictor.calibration import MIN_ROWS, conformal_factor, group_split
+from predictor.calibration import MIN_ROWS, conformal_factor, group_split, load_bucket, load_edges, mondrian_factors
+from predictor.latency import QUALITY_COLUMN, LatencyModel, latency_matrix
 from predictor.latency import TARGETS as LATENCY_TARGETS
-from predictor.latency import LatencyModel, latency_matrix
 from predictor.length import OutputLengthModel, length_matrix, length_row
 from predictor.prior import (
     TPOT_P90_FACTOR,
@@ -37,6 +38,7 @@ from predictor.prior import (
     WorkerProfile,
     prior_latency,
     prior_output,
+    worker_load,
 )
 from predictor.quality import QualityModel, term_matrix
 from predictor.sketch import N_TERMS
@@ -152,6 +154,8 @@ class PriorPredictor:
 # What a decision needs from the learned models (the rest stays out of the hot path): the answer's
 # length p50/p90 and the workflow's remaining output p50; TTFT and e2e p50/p90. TPOT comes from the
 # prior (it is only reported and checked against a TPOT SLO; the prior's TPOT is within ~1 % MAPE).
+# The remaining output is only reported too (logged for a future scheduler), but every request logs
+# it: in this walk it costs ~3.5 us, in a walk of its own when read ~22 us.
 LENGTH_SLOTS = ((0, 0), (0, 1), (1, 0))
 LATENCY_SLOTS = ((0, 0), (0, 1), (2, 0), (2, 1))
 
@@ -176,20 +180,25 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         latency: LatencyModel | None = None,
         quality: QualityModel | None = None,
         calibration: float = 0.25,
+        load_bins: int = 3,
+        load_targets: tuple[str, ...] = ("ttft",),
         random_state: int = 0,
     ) -> None:
         self.length = length
         self.latency = latency
         self.quality = quality
         self.calibration = calibration  # share of the training workflows held out to calibrate the p90s; 0: none
+        self.load_bins = load_bins  # latency p90s calibrated per bucket of the worker's load (Mondrian); 1: pooled
+        self.load_targets = load_targets  # which latency targets' p90s are (the rest: pooled)
         self.random_state = random_state  # which workflows are held out
 
     def fit(self, X: Sequence[Sample], y: Any = None) -> Self:
         samples = list(X)
         if not samples:
             raise ValueError("no training samples")
+        self.__dict__.pop("_candidates_cache", None)  # codes of the previous fit's vocabulary
         # First the calibration (a copy fitted on part of the data), then the model on all of it.
-        self.output_factor_, self.latency_shift_ = self._calibrate(samples)
+        self.output_factor_, self.load_edges_, self.latency_shift_, self.latency_pooled_ = self._calibrate(samples)
         self.agents_ = tuple(sorted({s.features.agent for s in samples}))
         self.models_ = tuple(sorted({s.view.model for s in samples}))
         text_len = self._fit_text_length(samples)
@@ -219,29 +228,50 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         self.n_samples_ = len(samples)
         return self
 
-    def _calibrate(self, samples: Sequence[Sample]) -> tuple[float, Array]:
+    def _calibrate(self, samples: Sequence[Sample]) -> tuple[float, tuple[float, ...], Array, Array]:
         """Split-conformal factors of the upper quantiles (:mod:`predictor.calibration`): the output
-        tokens' p90 factor, and ``(3, 2)`` for TTFT / TPOT / e2e x p50 / p90; 1.0 where not calibrated
-        (the medians, targets with too few held-out rows; the remaining output's p90 is not reported)."""
-        output_factor, latency_shift = 1.0, np.ones((len(LATENCY_TARGETS), 2))
+        tokens' p90 factor; the load buckets' upper edges; ``(buckets, 3, 2)`` factors for TTFT / TPOT /
+        e2e x p50 / p90 per load bucket (Mondrian; the same in every bucket for a target not in
+        ``load_targets``); and the pooled ``(3,)`` latency p90 factors. 1.0 where not calibrated (the
+        medians, targets with too few held-out rows; the remaining output's p90 is not reported)."""
+        output_factor, edges = 1.0, ()
+        latency_shift, pooled = np.ones((1, len(LATENCY_TARGETS), 2)), np.ones(len(LATENCY_TARGETS))
         if self.calibration <= 0.0:
-            return output_factor, latency_shift
+            return output_factor, edges, latency_shift, pooled
         held = group_split([s.features.workflow_id for s in samples], self.calibration, self.random_state)
         if held.sum() < MIN_ROWS or (~held).sum() < MIN_ROWS:
-            return output_factor, latency_shift
-        sub = clone(self).set_params(calibration=0.0).fit([s for s, h in zip(samples, held, strict=True) if not h])
+            return output_factor, edges, latency_shift, pooled
+        fit = [s for s, h in zip(samples, held, strict=True) if not h]
         cal = [s for s, h in zip(samples, held, strict=True) if h]
-        pred = np.full((len(cal), 4), np.nan)  # output, TTFT, TPOT, e2e upper quantiles
+        sub, pred, actual = self._held_out_p90s(fit, cal)
+        # Only what the copy learned: a target it left to the prior says nothing of the learned model's.
+        if sub.length_.learned(0):
+            output_factor = conformal_factor(actual[:, 0], pred[:, 0], sub.length_.quantiles[1])
+        # The buckets' edges from the fitting rows, so that they do not depend on the calibration scores.
+        bins = self.load_bins if set(self.load_targets) & set(LATENCY_TARGETS) else 1
+        edges = tuple(load_edges(np.asarray([worker_load(s.view) for s in fit], dtype=np.float64), bins).tolist())
+        buckets = load_bucket(np.asarray(edges), np.asarray([worker_load(s.view) for s in cal], dtype=np.float64))
+        pooled_bucket = np.zeros_like(buckets)
+        latency_shift = np.ones((len(edges) + 1, len(LATENCY_TARGETS), 2))
+        for t, name in enumerate(LATENCY_TARGETS):
+            if sub.latency_.learned(t):
+                by_load = name in self.load_targets
+                pooled[t], latency_shift[:, t, 1] = mondrian_factors(
+                    actual[:, 1 + t], pred[:, 1 + t], buckets if by_load else pooled_bucket,
+                    len(edges) + 1 if by_load else 1, sub.latency_.quantiles[1],
+                )  # fmt: skip
+        return output_factor, edges, latency_shift, pooled
+
+    def _held_out_p90s(self, fit: Sequence[Sample], cal: Sequence[Sample]) -> tuple[Predictor, Array, Array]:
+        """(an uncalibrated copy fitted on ``fit``, its output / TTFT / TPOT / e2e upper quantiles for the
+        ``cal`` requests, what they actually were), ``(len(cal), 4)`` each."""
+        sub = clone(self).set_params(calibration=0.0).fit(fit)
+        pred = np.full((len(cal), 4), np.nan)
         for i, s in enumerate(cal):
             p = sub.predict(s.features, (s.view,), (s.profile,), full=True)
             pred[i] = p.output[0, 1], p.ttft[0, 1], p.tpot[0, 1], p.e2e[0, 1]
         actual = np.asarray([[_nan(s.output_tokens), _nan(s.ttft_s), _nan(s.tpot_s), _nan(s.e2e_s)] for s in cal])
-        levels = (sub.length_.quantiles[1], *[sub.latency_.quantiles[1]] * 3)
-        # Only what the copy learned: a target it left to the prior says nothing of the learned model's.
-        learned = (sub.length_.learned(0), *(sub.latency_.learned(t) for t in range(len(LATENCY_TARGETS))))
-        factors = [conformal_factor(actual[:, j], pred[:, j], q) if learned[j] else 1.0 for j, q in enumerate(levels)]
-        latency_shift[:, 1] = factors[1:]
-        return factors[0], latency_shift
+        return sub, pred, actual.reshape(len(cal), 4)
 
     def _text_rows(self, feats: Sequence[RequestFeatures]) -> Any:
         onehot = np.asarray([[f.agent == a for a in self.agents_] for f in feats], dtype=np.float64)
@@ -265,11 +295,12 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         self.text_coef_, self.text_intercept_ = fitted.coef_.astype(np.float64), float(fitted.intercept_)
         return out
 
-    def _text_length(self, f: RequestFeatures, t: npt.NDArray[np.int64]) -> float:
-        """The ridge read-out for ``f`` whose term ids are ``t``; -1 without terms or a fit."""
+    def _text_length(self, f: RequestFeatures, t: npt.NDArray[np.int64], valid: npt.NDArray[np.int64]) -> float:
+        """The ridge read-out for ``f`` whose term ids are ``t`` (``valid``: those in range); -1 without
+        terms or a fit."""
         if not len(t) or not math.isfinite(getattr(self, "text_intercept_", math.nan)):
             return -1.0
-        z = self.text_coef_[t[(t >= 0) & (t < N_TERMS)]].sum() + self.text_intercept_
+        z = self.text_coef_[valid].sum() + self.text_intercept_
         if f.agent in self.agents_:
             z += self.text_coef_[N_TERMS + self.agents_.index(f.agent)]
         return float(z)
@@ -297,30 +328,64 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         default only what a decision needs (:data:`LENGTH_SLOTS`, :data:`LATENCY_SLOTS`)."""
         require_fitted(self, "latency_")
         cached = cached_shares(features, views) if cached is None else cached
-        models = [v.model for v in views]
-        # Candidates of one model share a length prediction: predict once per distinct model.
-        distinct = list(dict.fromkeys(models))
-        codes = np.asarray([_code(self.models_, m) for m in distinct])
-        terms = np.fromiter(features.terms, np.int64, len(features.terms))  # once, for length and quality
-        X_len = length_matrix(features, _code(self.agents_, features.agent), codes, self._text_length(features, terms))
-        pred = self.length_.predict(X_len, None if full else LENGTH_SLOTS)[[distinct.index(m) for m in models]]
+        models = tuple(v.model for v in views)
+        codes, rows = self._candidates(models)  # candidates of one model share a length prediction
+        terms = np.fromiter(features.terms, np.int64, len(features.terms))
+        valid = terms[(terms >= 0) & (terms < N_TERMS)]  # once, for the length read-out and quality
+        text_len = self._text_length(features, terms, valid)
+        X_len = length_matrix(features, _code(self.agents_, features.agent), codes, text_len)
+        pred = self.length_.predict(X_len, None if full else LENGTH_SLOTS)[rows]
         cap = float(features.max_tokens) if features.max_tokens else math.inf
         output = self._output(pred, cap)  # uncalibrated: what the latency model was trained on
         prior = _priors(features, views, profiles, cached)
         X_lat = latency_matrix(features, views, profiles, cached, output, prior)
-        learned = self.latency_.predict(X_lat, None if full else LATENCY_SLOTS) * self.latency_shift_
+        learned = self.latency_.predict(X_lat, None if full else LATENCY_SLOTS) * self._shift(views)
         if self.output_factor_ != 1.0:  # the calibrated p90 (the features above keep the fitted one)
             output[:, 1] = np.maximum(np.minimum(pred[:, 0, 1] * self.output_factor_, cap), output[:, 0])
         remaining = np.where(np.isnan(pred[:, 1, 0]), output[:, 0], pred[:, 1, 0])
-        priors_q = np.asarray([p.quality for p in profiles])
-        quality = self.quality_.predict_proba(terms, _quality_extras(features), features.agent, models, priors_q)
+        priors_q = X_lat[:, QUALITY_COLUMN]  # the profiles' quality, as latency_matrix copied it
+        quality = self.quality_.predict_proba(valid, _quality_extras(features), features.agent, models, priors_q,
+                                              in_range=self.quality_.n_terms >= N_TERMS)  # fmt: skip
         return _assemble(prior, output, remaining, quality, learned)
 
+    def _shift(self, views: Sequence[BackendView]) -> Array:
+        """The calibration factors of each candidate's load bucket, ``(n, 3, 2)`` (one ``(3, 2)`` for all
+        when the calibration is pooled)."""
+        edges, shift = self.load_edges_, self.latency_shift_
+        if not edges:
+            pooled: Array = shift[0]
+            return pooled
+        # load_bucket of worker_load, inline: plain Python over the few candidates (~3 us; numpy ~8 us)
+        buckets = [bisect_left(edges, max((v.running or 0) + (v.waiting or 0), v.inflight_requests)) for v in views]
+        by_load: Array = shift.take(buckets, axis=0)
+        return by_load
+
+    def _candidates(self, models: tuple[str, ...]) -> tuple[Array, npt.NDArray[np.intp]]:
+        """(the codes of the distinct models among the candidates', each candidate's row among them): the
+        same for every decision over the same candidates, so cached (a refit makes a new estimator)."""
+        cache: dict[tuple[str, ...], tuple[Array, npt.NDArray[np.intp]]]
+        cache = self.__dict__.setdefault("_candidates_cache", {})
+        hit = cache.get(models)
+        if hit is None:
+            distinct = list(dict.fromkeys(models))
+            codes = np.asarray([_code(self.models_, m) for m in distinct])
+            hit = cache[models] = (codes, np.asarray([distinct.index(m) for m in models], dtype=np.intp))
+            if len(cache) > 1024:  # candidate lists are few; bound it anyway
+                cache.clear()
+        return hit
+
     def calibration_factors(self) -> dict[str, float]:
-        """The conformal factors of the upper quantiles (1.0: not calibrated), by target."""
-        require_fitted(self, "latency_shift_")
+        """The pooled conformal factors of the upper quantiles (1.0: not calibrated), by target."""
+        require_fitted(self, "latency_pooled_")
         return {"output_tokens": float(self.output_factor_),
-                **{t: float(f) for t, f in zip(LATENCY_TARGETS, self.latency_shift_[:, 1], strict=True)}}  # fmt: skip
+                **{t: float(f) for t, f in zip(LATENCY_TARGETS, self.latency_pooled_, strict=True)}}  # fmt: skip
+
+    def load_calibration(self) -> dict[str, list[float]]:
+        """The latency p90s' factors per load bucket (Mondrian): ``load_edges`` (bucket ``i`` holds loads
+        in ``(edges[i-1], edges[i]]``), then one factor per bucket and target."""
+        require_fitted(self, "latency_shift_")
+        factors = {t: [float(f) for f in self.latency_shift_[:, j, 1]] for j, t in enumerate(LATENCY_TARGETS)}
+        return {"load_edges": list(self.load_edges_), **factors}
 
 
 def _quality_extras(f: RequestFeatures) -> Array:

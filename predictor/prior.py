@@ -70,11 +70,17 @@ def worker_profiles(config: Config) -> dict[str, WorkerProfile]:
     return {b.name: profile_for(b.profile_name, b.model, b.time_scale) for b in config.backends}
 
 
+def worker_load(view: BackendView) -> int:
+    """Requests on the worker: the scrape's running + waiting, or this gateway's in-flight requests when
+    more (the scrape may lag its own dispatches) — the load :func:`prior_latency` queues behind, and
+    the calibration's load buckets (:mod:`predictor.calibration`)."""
+    return max((view.running or 0) + (view.waiting or 0), view.inflight_requests)
+
+
 def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cached: float) -> tuple[float, float]:
     """(TTFT p50, TPOT p50) in seconds of a request of ``prompt_tokens`` (``cached`` share already in
     the worker's prefix cache) sent to a worker in the state ``view``."""
-    scraped = (view.running or 0) + (view.waiting or 0)
-    n = max(scraped, view.inflight_requests)  # the scrape may lag this gateway's own dispatches
+    n = max((view.running or 0) + (view.waiting or 0), view.inflight_requests)  # worker_load, inline (hot path)
     n_run = min(n, wp.max_num_seqs)
     n_wait = n - n_run
     per_req = view.inflight_tokens / view.inflight_requests if view.inflight_requests else float(prompt_tokens)

@@ -106,9 +106,11 @@ class QualityModel(BaseEstimator):  # type: ignore[misc]
         self.counts_ = np.asarray(counts).reshape(len(kept), len(self.models_))
         return self
 
-    def predict_proba(self, terms: Array, extras: Array, group: str, models: Sequence[str], priors: Array) -> Array:
-        """P(good) of each of ``models`` answering ``group``'s prompt with task ``terms`` (ids) and
-        ``extras``; ``priors`` where a model had no feedback."""
+    def predict_proba(self, terms: Array, extras: Array, group: str, models: Sequence[str], priors: Array, *,
+                      in_range: bool = False) -> Array:  # fmt: skip
+        """P(good) of each of ``models`` answering ``group``'s prompt with task ``terms`` (ids; ``in_range``:
+        the caller kept only ids in ``[0, n_terms)``) and ``extras``; ``priors`` where a model had no
+        feedback."""
         require_fitted(self, "groups_")
         out = np.array(priors, dtype=np.float64)
         if not self.groups_:
@@ -116,7 +118,9 @@ class QualityModel(BaseEstimator):  # type: ignore[misc]
         g = self.groups_.index(group) if group in self.groups_ else len(self.groups_) - 1
         w = self.coef_[g]
         t = np.asarray(terms, dtype=np.int64)
-        z0 = float(w[t[(t >= 0) & (t < self.n_terms)]].sum() + w[self.n_terms :] @ extras) + self.intercept_[g]
+        if not in_range:
+            t = t[(t >= 0) & (t < self.n_terms)]
+        z0 = float(w[t].sum() + w[self.n_terms :] @ extras) + self.intercept_[g]
         known, offset, n, n_k = self._per_model(g, tuple(models))
         p = 1.0 / (1.0 + np.exp(-(z0 + offset)))
         out[known] = (n * p + self.prior_strength * out[known]) / n_k

@@ -36,14 +36,15 @@ from router.types import BackendView, Decision, FleetSnapshot, Policy, RequestFe
 
 
 def guarded_shares(features: RequestFeatures, views: tuple[BackendView, ...], options: PolicyOptions) -> Array:
-    """Each worker's expected cached share, zeroed where the load guard says the worker is too busy."""
+    """Each worker's expected cached share, zeroed where the load guard says the worker is too busy.
+    (Plain Python over the few candidates, like :func:`rank`.)"""
     hits = features.prefix_hits
-    shares = np.asarray([hits.get(v.name, 0.0) for v in views], dtype=np.float64)
-    if not shares.any():
-        return shares
-    load = np.asarray([v.inflight_requests for v in views], dtype=np.float64)
-    limit = options.affinity_load_ratio * load.min() + options.affinity_load_slack
-    return np.where(load > limit, 0.0, shares)
+    shares = [hits.get(v.name, 0.0) for v in views] if hits else [0.0] * len(views)
+    if not any(shares):
+        return np.asarray(shares, dtype=np.float64)
+    load = [v.inflight_requests for v in views]
+    limit = options.affinity_load_ratio * min(load) + options.affinity_load_slack
+    return np.asarray([0.0 if n > limit else s for s, n in zip(shares, load, strict=True)], dtype=np.float64)
 
 
 def rank(
@@ -63,16 +64,15 @@ def rank(
     few candidates: cheaper than a dozen numpy calls on 8-element arrays.)
     """
     k = 1e3 if scale is None else 1e3 / scale
-    ttft90: list[float] = (p.ttft[:, 1] * k).tolist()
-    tpot90: list[float] = (p.tpot[:, 1] * k).tolist()
     e2e90: list[float] = (p.e2e[:, 1] * k).tolist()
     quality: list[float] = p.quality.tolist()
     n = len(e2e90)
-    slos = [(v, s) for v, s in ((ttft90, features.ttft_slo_ms), (tpot90, features.tpot_slo_ms),
-                                (e2e90, features.e2e_slo_ms)) if s is not None]  # fmt: skip
+    slos = [(a, s) for a, s in ((p.ttft, features.ttft_slo_ms), (p.tpot, features.tpot_slo_ms),
+                                (p.e2e, features.e2e_slo_ms)) if s is not None]  # fmt: skip
     mq = features.min_quality
     late = [0.0] * n  # each candidate's relative lateness summed over its SLOs, then the missing quality
-    for v, s in slos:
+    for a, s in slos:  # (a p90 is only scaled if its SLO is set)
+        v = e2e90 if a is p.e2e else (a[:, 1] * k).tolist()
         late = [x + max(0.0, y - s) / s for x, y in zip(late, v, strict=True)]
     if mq is not None:
         late = [x + max(0.0, mq - q) for x, q in zip(late, quality, strict=True)]

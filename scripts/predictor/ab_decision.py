@@ -7,7 +7,9 @@ model of the format that checkout reads). One worker process per side runs
 :func:`bench_decision.setup`'s decision (a coder step of the bench's codegen workload over 8
 workers); the driver has them take turns — ``--batch`` timed decisions on A, then on B, ``--turns``
 times — so that both see the same machine: on a shared VM whose speed drifts within seconds,
-separate runs are not comparable. Prints each repetition's p50 and p99 per side.
+separate runs are not comparable. Prints each repetition's p50 and p99 per side, and the lowest of its
+turns' p50s ("best turn": the machine's quietest moment, steadier than the p50 when other jobs come
+and go).
 """
 
 from __future__ import annotations
@@ -76,15 +78,19 @@ def main() -> None:
     try:
         for rep in range(1, args.reps + 1):
             times: dict[str, list[float]] = {"A": [], "B": []}
+            best: dict[str, float] = {"A": np.inf, "B": np.inf}
             for turn in range(args.turns):
                 for name in "AB" if turn % 2 == 0 else "BA":
-                    times[name] += ask(sides[name], args.batch)
+                    batch = ask(sides[name], args.batch)
+                    times[name] += batch
+                    best[name] = min(best[name], float(np.median(batch)))
             line = [f"rep {rep}:"]
             for name in "AB":
                 t = np.asarray(times[name]) * 1e6
-                line.append(f"{name} p50 {np.median(t):.0f} us p99 {np.quantile(t, 0.99):.0f} us (n {len(t)})")
+                line.append(f"{name} p50 {np.median(t):.0f} us p99 {np.quantile(t, 0.99):.0f} us "
+                            f"best turn {best[name] * 1e6:.0f} us (n {len(t)})")  # fmt: skip
             ratio = np.median(times["B"]) / np.median(times["A"])
-            print("  ".join(line) + f"  B/A p50 {ratio:.2f}", flush=True)
+            print("  ".join(line) + f"  B/A p50 {ratio:.2f} best turn {best['B'] / best['A']:.2f}", flush=True)
     finally:
         for p in sides.values():
             assert p.stdin is not None

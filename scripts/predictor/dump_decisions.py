@@ -65,7 +65,7 @@ def decisions(model: Estimator, data: list[Sample]) -> list[dict[str, Any]]:
             d = policy(f, FleetSnapshot(views))
             full = (model.predict(s.features, (s.view,), (s.profile,), full=True) if isinstance(model, Predictor)
                     else model.predict(s.features, (s.view,), (s.profile,)))  # fmt: skip
-            out.append({"ranked": d.ranked, "reason": d.reason, "predicted": d.predicted,
+            out.append({"ranked": d.ranked, "reason": d.reason, "predicted": dict(d.predicted),
                         "full": [a.tolist() for a in (full.ttft, full.tpot, full.e2e, full.output, full.remaining,
                                                       full.quality)]})  # fmt: skip
     return out

@@ -115,6 +115,16 @@ def test_decision_subset_of_models_equals_the_full_prediction(fitted: Predictor)
     assert np.isfinite(pred.tpot).all() and np.isfinite(pred.e2e).all() and (pred.e2e[:, 1] >= pred.e2e[:, 0]).all()
 
 
+def test_slots_of_unlearned_targets_give_nan() -> None:
+    rng = np.random.default_rng(2)
+    X, Y = rng.random((200, 3)), rng.random((200, 2)) + 0.5
+    Y[:190, 0] = np.nan  # too few rows for target 0: only target 1 is learned
+    m = OutputLengthModel(**SMALL).fit(X, Y)
+    assert not m.learned(0) and m.learned(1)
+    assert np.isnan(m.predict(X[:4], ((0, 0), (0, 1)))).all()  # a walk of nothing, not the whole forest
+    assert np.isfinite(m.predict(X[:4], ((1, 0),))[:, 1, 0]).all()
+
+
 def test_packed_forest_equals_sklearn() -> None:
     rng = np.random.default_rng(0)
     X, y = rng.random((400, 5)), rng.random(400)
@@ -151,8 +161,11 @@ def test_mismatched_versions_and_schema_are_refused(fitted: Predictor, tmp_path:
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 999}, fitted)
     with pytest.raises(artifact.ArtifactError, match="schema 999"):
         artifact.load(path)
+    artifact.write(path, {**header, "versions": artifact.versions(), "schema": 3}, fitted)
+    with pytest.raises(artifact.ArtifactError, match=r"schema 3 .*lacks the latency p90s' calibration per load"):
+        artifact.load(path)
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 2}, fitted)
-    with pytest.raises(artifact.ArtifactError, match=r"schema 2 .*lacks the p90s' conformal calibration.*retrain"):
+    with pytest.raises(artifact.ArtifactError, match=r"schema 2 .*per load bucket, the p90s' conformal calibration"):
         artifact.load(path)
     path.write_bytes(pickle.dumps({"something": "else"}))
     with pytest.raises(artifact.ArtifactError, match="not a chimera predictor"):
