@@ -3,8 +3,10 @@
 The reference is a chat request of :data:`REFERENCE_PROMPT_TOKENS` prompt tokens (none cached) and
 :data:`REFERENCE_OUTPUT_TOKENS` output tokens, sent to each worker in its current state (running,
 waiting, KV use, in-flight requests and tokens). A gateway with a predictor (the ``predictive``
-policy, or ``gateway.predictor``) predicts it with its current estimator — learned or the prior —
-exactly as a decision would; any other gateway with the analytic prior of the workers' profiles
+policy, or ``gateway.predictor``) takes TTFT from its current estimator — learned or the prior — as
+a decision does, and TPOT from the prior (as a decision does too); e2e is TTFT + 255 x TPOT, the
+reference's own length, not a predicted one. Any other gateway uses the analytic prior of the
+workers' profiles
 (:func:`predictor.prior.prior_latency`: numpy and the profiles only, no scikit-learn import).
 Times are p50s in wall-clock milliseconds, what a client of the worker would measure.
 """

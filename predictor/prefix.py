@@ -4,8 +4,10 @@ Bounded LRU over block hashes (:func:`predictor.sketch.prefix_hashes`), each rem
 ``ways`` workers (the most recent). Hashes are chained, so a hit on block ``i`` means the whole
 prefix up to ``i`` was sent to that worker; :meth:`PrefixIndex.match` returns, per worker, how many
 leading blocks it has seen. Whether the worker still holds them is a guess (it may have evicted
-them), which the latency model learns to discount. The index is local to this gateway process;
-sharing it through the fleet state (Redis) is future work.
+them), which the latency model learns to discount. Each gateway process keeps its own index;
+gateways sharing a Redis fleet state send each other the chains :meth:`PrefixIndex.record` reports
+news in (``router.state.base.FleetState.share_prefix``), so a workflow's next stage finds its
+worker whichever replica it reaches.
 """
 
 from __future__ import annotations
@@ -43,20 +45,22 @@ class PrefixIndex:
             return {}
         return {w: min(1.0, n * WORDS_PER_BLOCK / prompt_tokens) for w, n in self.match(hashes).items()}
 
-    def record(self, hashes: Sequence[int], worker: str) -> list[int]:
-        """``worker`` was sent a prompt with these leading blocks. Returns the hashes whose most recent
-        worker this changed (new to the index, or last seen on another worker): the news worth
-        telling other gateways."""
+    def record(self, hashes: Sequence[int], worker: str) -> int:
+        """``worker`` was sent a prompt with these leading blocks. Returns how many of them, from the
+        first, another gateway should be told about: up to the deepest block whose most recent worker
+        this changed (new to the index, or last seen on another worker), 0 when nothing changed. The
+        whole chain up to it, not the changed blocks alone: a receiver's lookups walk from the first
+        block, so its copy of a shared head (a system prompt) must stay fresh in its LRU too."""
         entries = self._entries
-        news: list[int] = []
-        for h in hashes:
+        depth = 0
+        for i, h in enumerate(hashes):
             workers = entries.get(h)
             if workers is None:
                 entries[h] = [worker]
-                news.append(h)
+                depth = i + 1
             else:
                 if workers[-1] != worker:
-                    news.append(h)
+                    depth = i + 1
                     if worker in workers:
                         workers.remove(worker)
                     workers.append(worker)
@@ -64,4 +68,4 @@ class PrefixIndex:
                 entries.move_to_end(h)
         while len(entries) > self.capacity:
             entries.popitem(last=False)
-        return news
+        return depth

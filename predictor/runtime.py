@@ -101,9 +101,9 @@ class PredictorRuntime:
         return dataclasses.replace(features, sketch=sk, terms=terms, prefix_hashes=hashes, prefix_hits=hits)
 
     def dispatched(self, features: RequestFeatures, backend: str) -> dict[str, Any]:
-        news = self.prefix.record(features.prefix_hashes, backend)
-        if news and self._share is not None:
-            self._share(news, backend)
+        depth = self.prefix.record(features.prefix_hashes, backend)
+        if depth and self._share is not None:
+            self._share(features.prefix_hashes[:depth], backend)
         wp = self.profiles.get(backend)
         return {
             "profile": wp.name if wp else None,
@@ -146,11 +146,11 @@ class PredictorRuntime:
             return False
         records, scores = self.window.records(), dict(self._scores)
         estimator = await asyncio.to_thread(fit_records, records, scores)
+        if self.settings.save:  # before the swap: once live, the loop fills the estimator's caches
+            await asyncio.to_thread(artifact.save, estimator, self.settings.save, {"samples": len(records)})
         self.slot.swap(estimator)
         self._fitted_at = added
         self.refits += 1
-        if self.settings.save:
-            await asyncio.to_thread(artifact.save, estimator, self.settings.save, {"samples": len(records)})
         log.info("predictor refit #%d on %d completions", self.refits, len(records))
         return True
 

@@ -6,7 +6,7 @@ hashing trick is itself the reduction: a random projection of the bag of words).
 hashes** approximate the worker's KV block hashes: vLLM (and the simulator) hash each full block of
 16 tokens chained to its parent; the gateway cannot tokenize, so it hashes chunks of
 :data:`WORDS_PER_BLOCK` whitespace words, chained (``crc32(chunk, parent)``), which is stable across
-processes and so could later be shared between gateway replicas.
+processes, so gateway replicas share them (:mod:`predictor.prefix`).
 """
 
 from __future__ import annotations

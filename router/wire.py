@@ -15,6 +15,8 @@ pass of the loop, and what is written keeps its order.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -69,4 +71,6 @@ class HeadFirstProtocol(HttpToolsProtocol):
 
 # How the gateway's uvicorn server runs, for `chimera serve` and the bench's gateway processes alike:
 # this protocol, uvicorn's own logs only for warnings, no access log (the request log has it all).
-SERVER_OPTIONS: dict[str, Any] = {"http": HeadFirstProtocol, "log_level": "warning", "access_log": False}
+SERVER_OPTIONS: Mapping[str, Any] = MappingProxyType(
+    {"http": HeadFirstProtocol, "log_level": "warning", "access_log": False}
+)

@@ -40,10 +40,13 @@ agents:
 class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        self.answered = False  # whether any byte of the current request's answer arrived
 
     async def request(self, head: bytes) -> None:
+        self.answered = False
         self.writer.write(head + BODY)
         status = await self.reader.readuntil(b"\r\n")
+        self.answered = True
         if b" 200 " not in status:
             raise ConnectionError(status.decode(errors="replace").strip())
         length, chunked = None, False
@@ -87,13 +90,13 @@ async def offer(url: str, rate: float, duration_s: float, warmup_s: float, seed:
                 try:
                     await asyncio.wait_for(conn.request(head), timeout=10.0)
                 except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError) as exc:
-                    if getattr(exc, "partial", b""):
-                        raise
+                    if conn.answered or getattr(exc, "partial", b""):
+                        raise  # a broken answer is an error
                     # the server closed this idle keep-alive connection (uvicorn: after 5 s) as we
-                    # reused it, before answering: a new connection, as HTTP clients do
+                    # reused it, before any byte of an answer: a new connection, as HTTP clients do
                     conn.writer.close()
                     conn = None
-                    reconnects[0] += 1
+                    reconnects[0] += at >= warmup_s
             if conn is None:
                 conn = _Conn(*await asyncio.open_connection(host, int(port)))
                 await asyncio.wait_for(conn.request(head), timeout=10.0)

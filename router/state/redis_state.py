@@ -19,7 +19,8 @@ Each replica keeps the same local :class:`~router.state.table.FleetTable` as the
   the worker they were sent to) is queued locally and appended, once per sync, to a capped stream
   (``XADD MAXLEN ~``) in the same pipelined round trip that reads the other replicas' entries
   since the last one seen (``XREAD``); each is handed to ``on_shared_prefix``'s callback. A replica
-  starts reading at the stream's end: it learns from then on. Only when a predictor listens.
+  reads from where the stream ended when it started, skips news older than ``PREFIX_STALE_MS`` (a
+  reader that far behind, after an outage, jumps to the end), and queues nothing while degraded.
 * **Outage.** Every call is bounded by ``op_timeout_s``. On an error the state turns degraded: it
   logs once, counts it, stops calling Redis on the hot path (reserve/release only touch the local
   table; every replica probes for itself) and the sync task retries with backoff. The first
@@ -59,10 +60,11 @@ from router.types import FleetSnapshot
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 2.0  # the sync task retries a lost Redis at most this far apart
-PREFIX_STREAM_LEN = 20_000  # entries kept in the shared prefix stream (one per replica and sync at most)
+PREFIX_STREAM_LEN = 1_000  # entries kept in the shared prefix stream (one per replica and sync at most)
 PREFIX_STREAM_TTL_MS = 86_400_000  # a fleet gone for a day leaves no stream behind
-PREFIX_READ_BATCH = 256  # entries applied per sync at most (the rest: the next one)
-PREFIX_PENDING_MAX = 4_096  # prompts queued for the next sync at most (the oldest are dropped)
+PREFIX_READ_BATCH = 32  # entries read per sync at most (the rest: the next one)
+PREFIX_PENDING_MAX = 1_024  # prompts queued for the next sync at most (the oldest are dropped)
+PREFIX_STALE_MS = 5_000  # older news is skipped, and a reader that far behind jumps to the stream's end
 PROBE_LEASE_INTERVALS = 3  # a probe lease outlives its holder by this many probe intervals
 
 
@@ -94,6 +96,7 @@ class RedisFleetState:
         self._prefix_out: deque[tuple[str, Sequence[int]]] = deque(maxlen=PREFIX_PENDING_MAX)
         self._prefix_apply: Callable[[Sequence[int], str], None] | None = None
         self._prefix_seen: str | None = None  # the last stream id read (None: not positioned yet)
+        self._redis_ms = 0  # Redis's clock at the last SYNC (stream ids are its milliseconds)
         self._probe_lease_ms = int(health.probe_interval_s * PROBE_LEASE_INTERVALS * 1000)
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, Any] = {}
@@ -232,6 +235,7 @@ class RedisFleetState:
             self._degraded = False
             log.warning("fleet state: Redis is back; republished this replica's reservations")
         replicas, probes, now_ms = reply
+        self._redis_ms = int(now_ms)
         self._apply_load(replicas)
         for rec, flat in zip(workers, probes, strict=True):
             self._apply_probe(rec.name, _pairs(flat), int(now_ms))
@@ -283,7 +287,7 @@ class RedisFleetState:
     # -- prefix index --
 
     def share_prefix(self, hashes: Sequence[int], backend: str) -> None:
-        if hashes:
+        if hashes and not self._degraded:
             self._prefix_out.append((backend, hashes))
 
     def on_shared_prefix(self, apply: Callable[[Sequence[int], str], None]) -> None:
@@ -318,15 +322,27 @@ class RedisFleetState:
             return False
         if not listen:
             return True
-        last = replies[-1]
-        if seen is None:
-            self._prefix_seen = last[0][0] if last else "0-0"
-            return True
-        for entry_id, fields in _stream_entries(last):
-            self._prefix_seen = entry_id
-            if fields.get("r") != self.replica_id:
-                self._apply_prefixes(fields.get("d", ""))
+        try:
+            self._read_prefixes(replies[-1], seen)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:  # a reply of another shape
+            self._errors += 1
+            self._prefix_seen = None  # start again at the stream's end
+            log.warning("fleet state: unreadable prefix stream reply (%s); skipped", exc)
+            return False
         return True
+
+    def _read_prefixes(self, reply: Any, seen: str | None) -> None:
+        if seen is None:  # XREVRANGE's newest entry, if any: read from after it
+            self._prefix_seen = reply[0][0] if reply else "0-0"
+            return
+        stale = self._redis_ms - PREFIX_STALE_MS
+        entries = _stream_entries(reply)
+        for entry_id, fields in entries:
+            self._prefix_seen = entry_id
+            if fields.get("r") != self.replica_id and int(entry_id.partition("-")[0]) >= stale:
+                self._apply_prefixes(fields.get("d", ""))
+        if entries and int(entries[-1][0].partition("-")[0]) < stale:
+            self._prefix_seen = None  # this far behind: jump to the end rather than read old news
 
     def _apply_prefixes(self, data: str) -> None:
         apply, known = self._prefix_apply, self._table.records
@@ -383,5 +399,9 @@ def _metrics(raw: str) -> ScrapedMetrics | None:
 
 
 def _stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
-    """XREAD's entries, as this state's client (RESP2) gets them: ``[[stream, [(id, fields), ...]]]``."""
-    return [(entry_id, fields) for _, entries in reply or () for entry_id, fields in entries]
+    """XREAD's entries, whichever shape redis-py gives them: ``[[stream, [(id, fields), ...]]]``
+    (RESP2, and RESP3 with its default legacy shapes) or ``{stream: [(id, fields), ...]}``."""
+    if not reply:
+        return []
+    streams = reply.values() if isinstance(reply, dict) else (entries for _, entries in reply)
+    return [(entry_id, fields) for entries in streams for entry_id, fields in entries]

@@ -76,14 +76,14 @@ def test_prefix_index_matches_longest_prefix_per_worker_and_is_bounded() -> None
     assert len(idx) == 20
 
 
-def test_prefix_index_reports_what_is_news_to_it() -> None:
+def test_prefix_index_reports_how_deep_the_news_goes() -> None:
     idx = PrefixIndex()
     h = prefix_hashes(WORDS)
-    assert idx.record(h[:3], "a") == list(h[:3])  # all new
-    assert idx.record(h[:3], "a") == []  # nothing changed: nothing to tell other gateways
-    assert idx.record(h, "a") == list(h[3:])  # only the deeper blocks are new
-    assert idx.record(h[:2], "b") == list(h[:2])  # now last seen on another worker
-    assert idx.record(h[:2], "a") == list(h[:2])  # and back
+    assert idx.record(h[:3], "a") == 3  # all new
+    assert idx.record(h[:3], "a") == 0  # nothing changed: nothing to tell other gateways
+    assert idx.record(h, "a") == len(h)  # deeper blocks are new: the chain up to them, head included
+    assert idx.record(h[:2], "b") == 2  # now last seen on another worker
+    assert idx.record(h[:2], "a") == 2  # and back
     assert idx.match(h) == {"a": len(h), "b": 2}
 
 

@@ -165,6 +165,22 @@ async def test_a_late_replica_starts_at_the_streams_end(replicas: Make) -> None:
     await eventually(lambda: got == [([2], "a")])
 
 
+async def test_prefix_stream_replies_of_either_shape_and_stale_news(replicas: Make) -> None:
+    a = await replicas()
+    got: list[tuple[list[int], str]] = []
+    a.on_shared_prefix(lambda hashes, w: got.append((list(hashes), w)))
+    now = a._redis_ms
+    fresh, old = f"{now}-0", f"{now - 60_000}-0"
+    resp2 = [["k", [(fresh, {"r": "other", "d": "a\t1 2\nb\tff"})]]]
+    resp3 = {"k": [(fresh, {"r": "other", "d": "a\t3"})]}
+    a._read_prefixes(resp2, seen="0-0")
+    a._read_prefixes(resp3, seen="0-0")
+    assert got == [([1, 2], "a"), ([255], "b"), ([3], "a")] and a._prefix_seen == fresh
+    a._read_prefixes([["k", [(old, {"r": "other", "d": "a\t4"})]]], seen="0-0")
+    assert len(got) == 3 and a._prefix_seen is None  # old news skipped; so far behind: jump to the end
+    assert await a.exchange_prefixes() and a._prefix_seen is not None  # re-positioned
+
+
 async def test_killed_replica_leaks_nothing_after_its_ttl(replicas: Make, redis_prefix: str) -> None:
     a = await replicas()
     child = f"""
