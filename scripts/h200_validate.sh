@@ -12,7 +12,8 @@
 # 5. $OUT (<= 8 files): real-chat.json, real-mixed.json, workers-up.log, summary.txt, logs.tgz
 # Knobs (environment): REAL (config), SEED, RATES_chat / RATES_mixed (space-separated lists), REPLICAS (gateway
 # processes per run, sharing Redis: starts .gpu/c/redis-bin/redis-server when none answers), COLOCATE=1 (probe
-# the workers sharing a GPU first: $OUT/colocate.json), KEEP=1 (leave the workers running for the next call;
+# the workers sharing a GPU first: $OUT/colocate.json; COLOCATE_ARGS: more colocate.py probe options, e.g.
+# "--alone --sampling greedy,bench", each worker's decode alone with the probes' and the bench's sampling), KEEP=1 (leave the workers running for the next call;
 # a call that finds them all healthy skips the boot), BENCH_VOCAB=1 (a tokenizer with the bench's words: scripts/calibrate/bench_vocab.py).
 set -u
 cd "$(dirname "$0")/.."
@@ -92,7 +93,7 @@ nvidia-smi --query-gpu=memory.used,memory.total --format=csv
 if [ "${COLOCATE:-0}" = 1 ]; then
   args=$(while read -r name port model rest; do echo -n "$model=http://127.0.0.1:$port "; done < "$L/backends.txt")
   timeout 240 python3 scripts/calibrate/colocate.py probe --batches "${COLOCATE_BATCHES:-1,8,32}" --tokens 300 \
-    --out "$OUT/colocate.json" $args | cut -c1-220
+    ${COLOCATE_ARGS:-} --out "$OUT/colocate.json" $args | cut -c1-220
   echo "colocate done $(el)"
 fi
 

@@ -12,15 +12,21 @@ python scripts/real_vllm.py configs examples/h200-real.yaml --real-out R.yaml [-
        (../shared/gpu/mkmodels.py: the bench's words are all <unk>, so real prompts hit vLLM's prefix
        cache far more than distinct words would): a copy of each profile with that `tokenizer`, in
        S's folder as <S stem>-profiles/<profile>.json; --tokenizer words keeps the shipped profiles;
-       --async-scheduling sets the profiles' async_scheduling (vLLM 0.26's default; docs/CALIBRATION.md)
+       --async-scheduling sets the profiles' async_scheduling (vLLM 0.26's default; docs/CALIBRATION.md);
+       --prior-profiles DIR points the backends' `profile:` (the predictor's cold-start prior, not the sims)
+       at DIR/<profile>.json: the profiles the real run's gateway had, when the sims' have been refitted since
 python scripts/real_vllm.py bench --speedup X --config S.yaml --workload W --policy P --rate R --duration D
         --warmup W --drain T --seed N --out DIR
     `chimera bench` of the sim fleet slowed down by X (< 1: the sims at speedup X, so a loaded CPU keeps up):
     rate x X, durations / X, and the very arrival times of the run at speedup 1 (the H200's) divided by X;
     the bench seeds its Poisson draw with the rate, so a plain `--rate R*X` would be another draw
 python scripts/real_vllm.py merge OUT.json DIR...       the results.json entries of several benches
-python scripts/real_vllm.py table --real R.json [R2.json ...] --sim S.json [S2.json ...]
-    TTFT, TPOT, e2e p50/p99 per policy, sim (scaled to modelled H200 time) against real
+python scripts/real_vllm.py table --real R.json [R2.json ...] --sim S.json [S2.json ...] [--real-counters per-run]
+    TTFT, TPOT, e2e p50/p99 per policy, sim (scaled to modelled H200 time) against real, and each run's
+    prefix-cache hit rate. The bench reports the workers' vLLM counters as scraped after the run, so for real
+    workers (one boot for every run of h200_validate.sh) they count from the boot; the table takes each run's
+    own share as the difference from the run before (runs ordered by their counters: the --real files of one
+    boot, chat and mixed, together). The sims are started afresh per run: their counters are the run's own.
 python scripts/real_vllm.py per-backend OUT.json [--speedup X] LABEL=GLOB...
     TPOT/TTFT p50 per worker from the gateway's request logs (x X: modelled H200 time)
 """
@@ -73,6 +79,8 @@ def cmd_configs(args: argparse.Namespace) -> None:
             if args.tokenizer != "words" or args.async_scheduling:
                 profile = derived_profile(b["profile"], args.sim_out, args.tokenizer, args.async_scheduling)
             b["sim"] = {"profile": profile, "speedup": args.speedup, "seed": i, "kv_tokens": b["kv_budget_tokens"]}
+            if args.prior_profiles:
+                b["profile"] = str((Path(args.prior_profiles) / f"{b['profile']}.json").resolve())
             if args.own_gpus:
                 b.pop("gpu", None)
         Path(args.sim_out).write_text(yaml.safe_dump(sim, sort_keys=False))
@@ -124,15 +132,53 @@ def cmd_merge(args: argparse.Namespace) -> None:
 
 
 METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "e2e"))
+COUNTERS = ("prefix_cache_queries", "prefix_cache_hits")
 
 
-def table(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, float]]]:
+def per_run_counters(entries: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[str, float]]]:
+    """Each run's own worker counters from runs of one boot whose counters count from the boot: the runs in the
+    order of their total prefix-cache queries, each minus the one before. Raises ValueError when a worker's
+    counter goes down on the way (not one boot: its runs' counters are their own already)."""
+
+    def total(e: dict[str, Any]) -> float:
+        return sum(c.get("prefix_cache_queries", 0.0) for c in e["worker_counters"].values())
+
+    out: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
+    prev: dict[str, dict[str, float]] = {}
+    for e in sorted((e for e in entries if e.get("worker_counters")), key=total):
+        run: dict[str, dict[str, float]] = {}
+        for w, c in e["worker_counters"].items():
+            run[w] = {k: c.get(k, 0.0) - prev.get(w, {}).get(k, 0.0) for k in COUNTERS}
+            if min(run[w].values()) < 0:
+                raise ValueError(
+                    f"{e['workload']} {e['policy']}: {w}'s counters went down since the run before; "
+                    "these runs' counters are not cumulative (use --real-counters per-run)"
+                )
+        out[(e["workload"], e["policy"])] = run
+        prev = e["worker_counters"]
+    return out
+
+
+def hit_rate(counters: dict[str, dict[str, float]] | None) -> float | None:
+    if not counters:
+        return None
+    q = sum(c.get("prefix_cache_queries", 0.0) for c in counters.values())
+    return sum(c.get("prefix_cache_hits", 0.0) for c in counters.values()) / q if q else None
+
+
+def table(real: list[dict[str, Any]], sim: list[dict[str, Any]],
+          real_cumulative: bool = True) -> tuple[list[str], list[tuple[str, float]]]:  # fmt: skip
     """Markdown rows per workload and policy, and every relative sim-real difference."""
     rows = ["| workload | policy | rate (wf/s, H200 time) | " + " | ".join(
-        f"{label} {q} real / sim (Δ)" for _, label in METRICS for q in ("p50", "p99")) + " | requests real / sim |",
-        "|" + " --- |" * 10]  # fmt: skip
+        f"{label} {q} real / sim (Δ)" for _, label in METRICS for q in ("p50", "p99"))
+        + " | requests real / sim | prefix-cache hit real / sim |", "|" + " --- |" * 11]  # fmt: skip
     diffs: list[tuple[str, float]] = []  # (metric, relative difference)
     by_key = {(e["workload"], e["policy"]): e for e in sim}
+    real_runs = (
+        per_run_counters(real)
+        if real_cumulative
+        else {(e["workload"], e["policy"]): e.get("worker_counters") or {} for e in real}
+    )
     for r in real:
         s = by_key.get((r["workload"], r["policy"]))
         rate = r.get("rate")
@@ -149,6 +195,9 @@ def table(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list[s
                     f"{a:.0f} / {b:.0f} ({100 * d:+.0f}%)" if a >= 100 else f"{a:.1f} / {b:.1f} ({100 * d:+.0f}%)"
                 )
         cells.append(f"{r['requests']} / {s['requests'] if s else '-'}")
+        hr = hit_rate(real_runs.get((r["workload"], r["policy"])))
+        hs = hit_rate(s.get("worker_counters") if s else None)
+        cells.append(" / ".join("-" if h is None else f"{100 * h:.1f} %" for h in (hr, hs)))
         rows.append("| " + " | ".join(cells) + " |")
     return rows, diffs
 
@@ -156,7 +205,9 @@ def table(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list[s
 def cmd_table(args: argparse.Namespace) -> None:
     real = [e for f in args.real for e in json.loads(Path(f).read_text())]
     sim = [e for f in args.sim for e in json.loads(Path(f).read_text())]
-    rows, diffs = table(real, sim)
+    # a bench that reports each run's own counters marks its entries (worker_counters_since: "run")
+    own = all(e.get("worker_counters_since") == "run" for e in real)
+    rows, diffs = table(real, sim, real_cumulative=args.real_counters == "cumulative" and not own)
     print("\n".join(rows))
     if diffs:
         within = sum(abs(d) <= 0.10 for _, d in diffs)
@@ -210,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         help="sim: the real test models' word-level tokenizer (default) or the sim's own words",
     )
     c.add_argument("--async-scheduling", action="store_true", help="sim: profiles with async_scheduling on")
+    c.add_argument(
+        "--prior-profiles",
+        help="a folder of <profile>.json for the backends' profile: (the gateway's "
+        "prior), e.g. the profiles the real run had; the sims keep theirs",
+    )
     bn = sub.add_parser("bench", help="chimera bench of a sim fleet slowed down by --speedup, same arrivals")
     bn.add_argument("--speedup", type=float, required=True)
     bn.add_argument("--config", required=True)
@@ -228,6 +284,13 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("table")
     t.add_argument("--real", required=True, nargs="+", help="one or more JSON lists of bench entries")
     t.add_argument("--sim", required=True, nargs="+")
+    t.add_argument(
+        "--real-counters",
+        choices=("cumulative", "per-run"),
+        default="cumulative",
+        help="the real runs' worker counters count from the workers' boot (h200_validate.sh: one boot "
+        "for all its runs; default) or from the run's start",
+    )
     pb = sub.add_parser("per-backend")
     pb.add_argument("out")
     pb.add_argument("--speedup", type=float, default=1.0, help="the sims' speedup (latencies x it: H200 time)")

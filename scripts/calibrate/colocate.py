@@ -4,12 +4,17 @@
         qwen2.5-0.5b=http://127.0.0.1:8001 qwen2.5-1.5b=http://127.0.0.1:8002 qwen2.5-7b=http://127.0.0.1:8003
     python scripts/calibrate/colocate.py fit colocate.json
     python scripts/calibrate/colocate.py compare colocate.json colocate-sim.json --sim-speedup 0.25
+    python scripts/calibrate/colocate.py probe --alone --sampling greedy,bench --batches 1,8 --out alone.json ...
 
 For each batch size and each subset of the workers (each alone, every pair, all), ``batch`` closed-loop
 users per worker of the subset send non-streamed ``--tokens``-token completions (``ignore_eos``) of a
 ``--prompt``-token prompt, back to back; each worker's own inter-token latency histogram (server side,
 so the client's speed does not matter) over a window where every worker of the subset is busy gives
-its TPOT.
+its TPOT. ``--alone``: only the phases with one worker busy (its decode step on this boot, neighbours idle).
+``--sampling greedy,bench`` runs the phases once per request kind: ``greedy`` (the default; temperature 0, as the
+calibration probes) and ``bench`` (what the bench sends through backends/simfields.py: no temperature, so the
+server's default 1.0 and random sampling, and ``min_tokens = max_tokens``); a phase run with ``bench`` carries
+``"sampling": "bench"``. Same boot, same batch: the difference is the cost of the bench's sampling parameters.
 
 `fit` explains those TPOTs with the time-slice model of `backends/sim/gpu.py`: each worker's step alone
 (its TPOT alone) is CPU work (scheduler, sampler, launches; not shared) followed by GPU work (a share ``g`` of
@@ -27,6 +32,7 @@ import itertools
 import json
 import random
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -36,10 +42,15 @@ def _prompt(n: int, rng: random.Random) -> str:
     return " ".join(f"w{rng.randint(3, 150000)}" for _ in range(n))
 
 
-async def _loop(c: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int) -> None:
+SAMPLING = {"greedy": {"temperature": 0.0}, "bench": {}}  # bench: min_tokens too (below)
+
+
+async def _loop(c: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int, sampling: str = "greedy") -> None:
     """One closed-loop user: non-streamed completions back to back (the client reads one body per request,
     so a slow client cannot pace the server's output)."""
-    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "ignore_eos": True, **SAMPLING[sampling]}
+    if sampling == "bench":
+        body["min_tokens"] = tokens
     while True:
         (await c.post(url + "/v1/completions", json=body)).raise_for_status()
 
@@ -63,12 +74,13 @@ async def _itl(c: httpx.AsyncClient, url: str) -> tuple[float, float]:
 
 
 async def phase(workers: dict[str, str], subset: tuple[str, ...], batch: int, prompt: int, tokens: int,
-                rng: random.Random, settle_s: float = 1.5, measure_s: float = 3.0) -> dict[str, Any]:  # fmt: skip
+                rng: random.Random, settle_s: float = 1.5, measure_s: float = 3.0,
+                sampling: str = "greedy") -> dict[str, Any]:  # fmt: skip
     """``batch`` closed-loop users per worker of ``subset`` for ``settle_s + measure_s``; the server-side mean
     inter-token latency of each worker over the last ``measure_s`` (every worker busy all along)."""
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
     async with httpx.AsyncClient(timeout=600, limits=limits) as c:
-        tasks = [asyncio.create_task(_loop(c, workers[m], m, _prompt(prompt, rng), tokens))
+        tasks = [asyncio.create_task(_loop(c, workers[m], m, _prompt(prompt, rng), tokens, sampling))
                  for m in subset for _ in range(batch)]  # fmt: skip
         try:
             await asyncio.sleep(settle_s)
@@ -80,7 +92,7 @@ async def phase(workers: dict[str, str], subset: tuple[str, ...], batch: int, pr
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
     out: dict[str, Any] = {"subset": list(subset), "batch": batch, "measure_s": measure_s, "tpot_ms": {},
-                           "tokens": {}}  # fmt: skip
+                           "tokens": {}, **({"sampling": sampling} if sampling != "greedy" else {})}  # fmt: skip
     for m in subset:
         dn = after[m][1] - before[m][1]
         out["tpot_ms"][m] = round((after[m][0] - before[m][0]) / dn * 1e3, 3) if dn else float("nan")
@@ -227,19 +239,50 @@ def compare(
     return rows, errs
 
 
+def predicted_phases(
+    real: dict[str, Any], profiles: dict[str, dict[str, Any]], q_ms: float, switch_ms: float
+) -> list[dict[str, Any]]:
+    """The probe's phases as the sim would run them, without running it: each worker's decode step from its
+    profile's linear model (batch b, mid-answer context), split by its ``gpu_share``, through
+    :func:`timeslice_periods` (the model of backends/sim/gpu.py). For judging a refitted profile at once."""
+    ctx = real["prompt"] + real["tokens"] / 2
+    out = []
+    for p in real["phases"]:
+        if p.get("sampling", "greedy") != "greedy" or not all(m in profiles for m in p["subset"]):
+            continue
+        b, parts = p["batch"], {}
+        for m in p["subset"]:
+            st, g = profiles[m]["step_time_s"], profiles[m].get("gpu_share", 1.0)
+            step = 1e3 * (st["base"] + b * st["decode_seqs"] + b * ctx * st["decode_context_tokens"])
+            parts[m] = ((1.0 - g) * step, g * step)
+        tpot = (
+            {m: c + g for m, (c, g) in parts.items()}
+            if len(parts) == 1
+            else timeslice_periods(
+                {m: c for m, (c, _) in parts.items()}, {m: g for m, (_, g) in parts.items()}, q_ms, switch_ms
+            )
+        )
+        out.append({"subset": p["subset"], "batch": b, "tpot_ms": tpot})
+    return out
+
+
 async def probe(args: argparse.Namespace) -> list[dict[str, Any]]:
     workers = dict(w.split("=", 1) for w in args.workers)
     rng = random.Random(args.seed)
     names = tuple(workers)
-    subsets = [s for k in range(1, len(names) + 1) for s in itertools.combinations(names, k)]
+    subsets = [s for k in range(1, 2 if args.alone else len(names) + 1) for s in itertools.combinations(names, k)]
+    samplings = args.sampling.split(",")
+    if unknown := set(samplings) - set(SAMPLING):
+        raise SystemExit(f"--sampling: unknown {sorted(unknown)} (one of {', '.join(SAMPLING)})")
     phases = []
     for m in names:  # warm each once (graph capture is done at start-up; this fills the allocator)
         await phase(workers, (m,), 2, 64, 16, rng, settle_s=0.5, measure_s=0.5)
     for b in (int(x) for x in args.batches.split(",")):
         for s in subsets:
-            p = await phase(workers, s, b, args.prompt, args.tokens, rng)
-            phases.append(p)
-            print(json.dumps(p), flush=True)
+            for sampling in samplings:  # back to back, so a boot's drift hits both alike
+                p = await phase(workers, s, b, args.prompt, args.tokens, rng, sampling=sampling)
+                phases.append(p)
+                print(json.dumps(p), flush=True)
     return phases
 
 
@@ -252,6 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--prompt", type=int, default=256)
     pr.add_argument("--tokens", type=int, default=200)
     pr.add_argument("--seed", type=int, default=1)
+    pr.add_argument("--alone", action="store_true", help="only the phases with one worker busy")
+    pr.add_argument(
+        "--sampling",
+        default="greedy",
+        help="comma-separated: greedy (temperature 0), bench (the "
+        "server's default temperature and min_tokens = max_tokens, as the bench's requests)",
+    )
     pr.add_argument("--out", required=True)
     ft = sub.add_parser("fit", help="time-slice model (timeslice, switch cost, GPU share per worker) from a probe")
     ft.add_argument("file")
@@ -260,10 +310,30 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("real")
     cp.add_argument("sim")
     cp.add_argument("--sim-speedup", type=float, default=1.0, help="the sim's --speedup (its TPOT x it: H200 time)")
+    pd = sub.add_parser("predict", help="real against the sim's model run on a set of profiles (no sim started)")
+    pd.add_argument("real")
+    pd.add_argument("--profiles", required=True, help="a folder of h200-<model>.json")
+    pd.add_argument("--batches", default="1,8", help="the phases to compare (the sim's constants: batches 1, 8)")
     args = ap.parse_args(argv)
-    if args.cmd == "compare":
-        with open(args.real, encoding="utf-8") as f, open(args.sim, encoding="utf-8") as g:
-            rows, errs = compare(json.load(f)["phases"], json.load(g)["phases"], args.sim_speedup)
+    if args.cmd in ("compare", "predict"):
+        with open(args.real, encoding="utf-8") as f:
+            real = json.load(f)
+        if args.cmd == "compare":
+            with open(args.sim, encoding="utf-8") as g:
+                rows, errs = compare(real["phases"], json.load(g)["phases"], args.sim_speedup)
+        else:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+            from backends.sim.gpu import SWITCH_S, TIMESLICE_S
+
+            models = {m for p in real["phases"] for m in p["subset"]}
+            profiles = {}
+            for m in models:
+                with open(f"{args.profiles}/h200-{m}.json", encoding="utf-8") as f:
+                    profiles[m] = json.load(f)
+            keep = {int(b) for b in args.batches.split(",")}
+            real["phases"] = [p for p in real["phases"] if p["batch"] in keep]
+            sim = predicted_phases(real, profiles, TIMESLICE_S * 1e3, SWITCH_S * 1e3)
+            rows, errs = compare(real["phases"], sim, 1.0)
         print("\n".join(rows))
         for label, sel in (("all", errs), ("sharing the GPU", [x for x in errs if x[0]])):
             e = sorted(abs(d) for _, d in sel)
@@ -278,7 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.file, encoding="utf-8") as f:
         phases = json.load(f)["phases"]
     for p in phases:
-        print(p["batch"], "+".join(p["subset"]), p["tpot_ms"])
+        print(p["batch"], "+".join(p["subset"]), p.get("sampling", "greedy"), p["tpot_ms"])
+    phases = [p for p in phases if p.get("sampling", "greedy") == "greedy"]  # the model is fitted on greedy runs
+    if not any(len(p["subset"]) > 1 for p in phases):
+        return 0  # an --alone probe: nothing shares the GPU
     batches = sorted({p["batch"] for p in phases})
     fits = [fit_timeslice(phases, [b]) for b in batches]
     joint = fit_timeslice(phases, [int(b) for b in args.joint.split(",")])

@@ -12,12 +12,20 @@ Every measured point is mapped onto the engine steps vLLM ran for it:
 A step of more than 128 scheduled tokens (vLLM's --max-cudagraph-capture-size) runs without CUDA graphs and lasts
 max(linear, cudagraph.eager_floor_s) + eager_extra_s + eager_per_token_s * tokens. The fit has three stages
 (see docs/CALIBRATION.md, "The fit"): 1. the linear model + TTFT constant by NNLS on the TTFT and <= 128-sequence
-decode points (relative error, groups balanced), the front end's per-token cost (measured directly: client TTFT
-minus vLLM's request_prefill_time, over prompt length) taken off first; 2. the eager terms on the > 128-sequence
-decode and mixed steps, linear part fixed; 3. frontend_s.per_request from run 1's 256-request burst.
+decode points (relative error, groups balanced, and within a group each boot of the server counting once), the
+front end's per-token cost (measured directly: client TTFT minus vLLM's request_prefill_time, over prompt length)
+taken off first; 2. the eager terms on the > 128-sequence decode and mixed steps, linear part fixed; 3.
+frontend_s.per_request from run 1's 256-request burst.
+
+Boots: run 1 (probe-*.json), run 2 (probe2-*.json; later boots of the same sweeps: probe3-*.json, ...) and the
+co-location probes' "alone" phases (colocate-h200*.json: one worker decoding at batch 1, 8, 32, its neighbours idle)
+were each measured on another boot of the same servers. The small models' decode step differs by 20-40 % between
+boots (their steps are CPU-bound), and run 2 has 2.6x as many decode points as run 1, so a fit by point follows
+run 2, the fastest boot (docs/CALIBRATION.md, "Boots"); ``--weight point --no-colocate`` gives that fit back.
 
     python scripts/calibrate/fit_profile.py                # writes backends/sim/profiles/h200-*.json
     python scripts/calibrate/fit_profile.py --dry-run      # print the fit only
+    python scripts/calibrate/fit_profile.py --weight point --no-colocate   # the fit of 2026-11-29 (run 2 dominates)
 """
 from __future__ import annotations
 
@@ -164,6 +172,21 @@ def decode_row(b: int, ctx_mid: float, y_ms: float, key: str) -> dict:
             "steps": [step(base=1, decode_seqs=b, decode_context_tokens=b * ctx_mid)]}
 
 
+def colocate_rows(colocate: dict, model: str, boot: str = "c") -> list[dict]:
+    """Decode rows of the co-location probe's phases in which ``model`` ran alone (its neighbours idle): server-side
+    mean inter-token time of ``batch`` closed-loop users, prompt P, answers of T tokens (mid-answer context P + T/2)."""
+    ctx = colocate["prompt"] + colocate["tokens"] / 2
+    return [decode_row(ph["batch"], ctx, ph["tpot_ms"][model], f"{boot} decode b{ph['batch']} p{colocate['prompt']}")
+            for ph in colocate["phases"]
+            if ph["subset"] == [model] and ph["batch"] <= GRAPH_MAX and ph.get("sampling", "greedy") == "greedy"]
+
+
+def boot_of(r: dict) -> str:
+    """Which boot of the server a row was measured on: "r1", "r2" (both reps of run 2) or "c" (the co-location
+    probe)."""
+    return r["key"].split(" ", 1)[0].split(".", 1)[0]
+
+
 def build_rows(runs: list[dict]) -> list[dict]:
     """Feature rows of every measured point of one model (run 1: probe-*.json, run 2: probe2-*.json)."""
     rows = []
@@ -217,9 +240,10 @@ def front_slope(rows: list[dict]) -> float:
 
 
 def fit(rows: list[dict], cols: tuple[str, ...], use_all: bool = False, per_token: float = 0.0,
-        tie_attn: float = 0.0) -> np.ndarray:
+        tie_attn: float = 0.0, by_boot: bool = False) -> np.ndarray:
     """NNLS on relative error. per_token: a fixed ttft_per_prompt_token taken off the TTFT targets first;
-    tie_attn: if set, prefill_attn_mtok2 = tie_attn * prefill_tokens (one fitted column for both)."""
+    tie_attn: if set, prefill_attn_mtok2 = tie_attn * prefill_tokens (one fitted column for both); by_boot: within
+    each kind of point, every boot weighs the same however many points it has."""
     fr = [r for r in rows if r["fit"] or use_all]
     if tie_attn:
         ip, ia = cols.index("prefill_tokens"), cols.index("prefill_attn_mtok2")
@@ -234,7 +258,12 @@ def fit(rows: list[dict], cols: tuple[str, ...], use_all: bool = False, per_toke
     kinds = [r["kind"] for r in fr]
     for k in set(kinds):
         idx = [i for i, kk in enumerate(kinds) if kk == k]
-        w[idx] *= 1.0 / math.sqrt(len(idx))
+        if not by_boot:
+            w[idx] *= 1.0 / math.sqrt(len(idx))
+            continue
+        boots = [boot_of(fr[i]) for i in idx]
+        for i, b in zip(idx, boots, strict=True):  # squared weights of a kind sum to 1, each boot's to 1 / boots
+            w[i] *= 1.0 / math.sqrt(len(set(boots)) * boots.count(b))
     coef, _ = nnls(A * w[:, None], y * w)
     if tie_attn:
         coef[cols.index("prefill_attn_mtok2")] = tie_attn * coef[cols.index("prefill_tokens")]
@@ -291,6 +320,18 @@ def fit_frontend(prof: dict, runs: list[dict]) -> float:
     return max(0.0, (mk - engine_s) / 256 - prof["frontend_s"]["per_prompt_token"] * 64)
 
 
+def keep_fitted_elsewhere(prof: dict, shipped: Path) -> None:
+    """Carry over what other scripts fit into the shipped profile (``gpu_share``: colocate.py fit), which this
+    fit does not touch."""
+    if not shipped.exists():
+        return
+    old = json.loads(shipped.read_text())
+    if "gpu_share" in old:
+        prof["gpu_share"] = old["gpu_share"]
+        if "gpu_share" in old.get("provenance", {}):
+            prof["provenance"]["gpu_share"] = old["provenance"]["gpu_share"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(DATA))
@@ -301,6 +342,11 @@ def main() -> None:
                     help="stage 1 / stage 2 alternations (stage 1 refitted on TTFTs net of the eager cost)")
     ap.add_argument("--tie-attn", action="store_true",
                     help="tie prefill_attn_mtok2 to prefill_tokens by the model's attention/linear FLOP ratio")
+    ap.add_argument("--weight", choices=("boot", "point"), default="boot",
+                    help="stage 1: every boot of the server weighs the same within a kind of point (default), or "
+                         "every point (the fit before 2026-11-30, which run 2's many decode points dominate)")
+    ap.add_argument("--no-colocate", action="store_true",
+                    help="leave out the co-location probes' alone phases (data/colocate-h200*.json)")
     ap.add_argument("--sim-http-ms", type=float, default=3.0,
                     help="the simulated worker's own HTTP/SSE cost per first token (measured on the 2-core dev box), "
                          "taken off the fitted client-side TTFT overhead so that it is not counted twice")
@@ -308,11 +354,20 @@ def main() -> None:
     data = Path(a.data)
     summary = json.loads((data / "summary.json").read_text())
     kvsmall = json.loads((data / "probe-kvsmall.json").read_text()) if (data / "probe-kvsmall.json").exists() else {}
+    # co-location probes of real workers (one per boot: colocate-h200.json is boot "c", colocate-h200-<x>.json
+    # "c<x>"), their phases with one worker busy
+    probes = {} if a.no_colocate else {"c" + f.stem.removeprefix("colocate-h200").lstrip("-"): json.loads(f.read_text())
+                                       for f in sorted(data.glob("colocate-h200*.json"))}  # fmt: skip
     sim_http = a.sim_http_ms / 1e3
     for model, quality in MODELS.items():
         d = json.loads((data / f"probe-{model}.json").read_text())
-        runs = [d] + [json.loads(f.read_text()) for f in sorted(data.glob(f"probe2-{model}.json"))]
+        # run 2 and any later boot of the run-2 sweeps (TAG=probe3 ... of run_h200.sh): rows r2, r3, ...
+        later = sorted(data.glob(f"probe[2-9]-{model}.json"))
+        runs = [d] + [json.loads(f.read_text()) for f in later]
         rows = build_rows(runs)
+        for boot, colocate in probes.items():
+            if model in {m for ph in colocate["phases"] for m in ph["subset"]}:
+                rows += colocate_rows(colocate, model, boot)
         for r in rows:  # the new model expresses every point: fit them all (mixed steps unless --no-mix)
             r["fit"] = not (a.no_mix and r["kind"] == "mix")
         plain = fit([dict(r, fit=r["kind"] in ("ttft", "decode")) for r in rows], COLS)  # the old 5-term model
@@ -321,15 +376,16 @@ def main() -> None:
         # dominated by prefill (TTFT, decode <= 128 sequences), the front end's per-token cost taken off first;
         # stage 2: the eager-step terms on the steps of more than 128 tokens (decode > 128, mixed steps), the
         # linear part held fixed; stage 3 (below): frontend_s.per_request from the 256-request burst.
+        by_boot = a.weight == "boot"
         lin = fit([dict(r, fit=r["kind"] in ("ttft", "decode")) for r in rows], COLS, per_token=k,
-                  tie_attn=attn_ratio(model) if a.tie_attn else 0.0)
+                  tie_attn=attn_ratio(model) if a.tie_attn else 0.0, by_boot=by_boot)
         coef = fit_eager(rows, lin, k, with_mix=not a.no_mix)
         for _ in range(a.alternate):  # refit stage 1 with the eager cost of the TTFT chunks taken off, then stage 2
             extra, ptok = coef[7], coef[8]
             adj = [dict(r, y=r["y"] - (extra * r["x"]["eager_extra"] + ptok * r["x"]["eager_tokens"]
                                       if r["kind"] == "ttft" else 0.0),
                         fit=r["kind"] in ("ttft", "decode")) for r in rows]
-            lin = fit(adj, COLS, per_token=k, tie_attn=attn_ratio(model) if a.tie_attn else 0.0)
+            lin = fit(adj, COLS, per_token=k, tie_attn=attn_ratio(model) if a.tie_attn else 0.0, by_boot=by_boot)
             coef = fit_eager(rows, lin, k, with_mix=not a.no_mix)
         print(f"\n== {model}")
         print("  " + "  ".join(f"{c}={v:.4g}" for c, v in zip(PARAMS, coef, strict=True)) + f"  fe_per_token={k:.4g}")
@@ -388,11 +444,16 @@ def main() -> None:
                                    "sim_http_overhead_subtracted_s": sim_http,
                                    "frontend_per_request_from": "warmup.burst256_makespan_s (run 1)",
                                    "mixed_steps_fitted": not a.no_mix, "attn_tied": a.tie_attn,
+                                   "weight": "each boot once per kind of point" if by_boot else "each point",
+                                   "boots": sorted({boot_of(r) for r in rows}),
                                    "mean_abs_rel_err": round(float(np.mean(errs)), 4),
                                    "max_abs_rel_err": round(float(np.max(errs)), 4), "points": len(errs),
                                    "by_kind": by_kind}},
             "raw": {
-                "source": f"scripts/calibrate/data/probe-{model}.json (run 1), probe2-{model}.json (run 2)",
+                "source": f"scripts/calibrate/data/probe-{model}.json (run 1)"
+                          + "".join(f", {f.name} (run {i})" for i, f in enumerate(later, 2))
+                          + (", colocate-h200*.json (c...: the phases it ran alone)"
+                             if any(boot_of(r).startswith("c") for r in rows) else ""),
                 "points": compact_points(runs),
                 "fit_rows": {"columns": ["point", "measured_ms", "fit_ms", "rel_err", "in_fit", "plain_fit_ms"],
                              "rows": [[r["point"], r["measured_ms"], r["fit_ms"], r["rel_err"], r["in_fit"],
@@ -411,6 +472,7 @@ def main() -> None:
             prof["raw"]["kv_pressure"]["flags"] = summary.get("small_kv_flags")
         if not a.dry_run:
             p = Path(a.out_dir) / f"h200-{model}.json"
+            keep_fitted_elsewhere(prof, PROFILES / f"h200-{model}.json")
             p.write_text(json.dumps(prof, indent=1) + "\n")
             print(f"  wrote {p.relative_to(ROOT) if p.is_relative_to(ROOT) else p} ({p.stat().st_size // 1024} KB)")
 

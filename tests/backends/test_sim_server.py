@@ -250,6 +250,34 @@ def test_word_level_tokenizer_makes_english_prompts_share_a_prefix(
     assert m["vllm:prefix_cache_hits_total"] == hits
 
 
+def test_a_workflow_step_reuses_the_transcript_in_full_blocks_not_the_earlier_answer(
+    sim_server: SimServer, sim_profile: Profile
+) -> None:
+    # The bench's workflows (router/bench/workloads.py): each step sends the transcript so far with its own
+    # instruction last, and the next step puts the answer where that instruction was. As in vLLM, only full
+    # 16-token blocks of the common prefix are found; the answer, cached after the instruction, is found
+    # only by the step after next, which resends it at the same position (REAL_VLLM.md, "Rerun 5").
+    srv = sim_server(profile=sim_profile(), speedup=5.0)
+    system = {"role": "system", "content": words(100, "sys")}  # 101 tokens with the role
+    task = {"role": "user", "content": words(60, "task")}  # 61
+    transcript = [system, task]
+    queries, answers = [], []
+    with sdk(srv) as client:
+        for step, out in enumerate((40, 30, 20)):
+            messages = [*transcript, {"role": "user", "content": words(9, f"do{step}-")}]  # 10
+            r = client.chat.completions.create(model="sim-test", messages=messages, max_tokens=out,
+                                               extra_body={"sim": {"output_tokens": out}})  # fmt: skip
+            answers.append(r.choices[0].message.content or "")
+            queries.append(r.usage.prompt_tokens)
+            transcript.append({"role": "assistant", "content": f"planner: {answers[-1]}"})  # 2 + out
+    m = metrics(srv)
+    assert queries == [172, 162 + 42 + 10, 162 + 42 + 32 + 10]
+    assert m["vllm:prefix_cache_queries_total"] == sum(queries)
+    # step 2 finds 162 // 16 blocks of system + task; step 3 finds step 2's prompt up to its instruction,
+    # first answer included: (162 + 42) // 16 blocks
+    assert m["vllm:prefix_cache_hits_total"] == 16 * (162 // 16) + 16 * ((162 + 42) // 16)
+
+
 def test_kv_exhaustion_queues_and_preempts(sim_server: SimServer, sim_profile: Profile) -> None:
     # 40 blocks of KV: three 200-token prompts fill it, and their growth forces preemptions.
     srv = sim_server(profile=sim_profile(kv_budget_tokens=16 * 40), speedup=2.0)
