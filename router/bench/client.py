@@ -218,6 +218,19 @@ async def poll_fleet(gateway_url: str, log: RunLog, t0: float, every_s: float = 
             await asyncio.sleep(every_s)
 
 
+def counters_since(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Each worker's counters over a run: ``after`` less ``before`` (vLLM's counters run from the
+    worker's start, and a real worker serves many runs; a counter that went down means the worker
+    restarted, and then ``after`` is what it counted since)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, now in after.items():
+        was = before.get(name, {})
+        out[name] = {k: v - was.get(k, 0.0) if v >= was.get(k, 0.0) else v for k, v in now.items()}
+    return out
+
+
 async def scrape_workers(urls: dict[str, str]) -> dict[str, dict[str, float]]:
     """Each worker's vLLM counters that matter to the bench (prefix cache, preemptions)."""
     wanted = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total")

@@ -172,6 +172,7 @@ def run_one(
     entry: dict[str, Any] = {"policy": policy, "workload": spec.workload, kind: load, "seed": seed}
     entry.update(summarize(log, cfg, warmup_s=spec.warmup_s, duration_s=spec.duration_s, sla_scale=1.0 / speedup))
     entry["worker_counters"] = counters
+    entry["worker_counters_since"] = "run"  # this run's own (before 2026-11-30: since each worker started)
     hits = sum(c.get("prefix_cache_hits", 0.0) for c in counters.values())
     queries = sum(c.get("prefix_cache_queries", 0.0) for c in counters.values())
     entry["prefix_cache_hit_rate"] = round(hits / queries, 4) if queries else None
@@ -195,6 +196,8 @@ async def _drive(
 ) -> dict[str, dict[str, float]]:  # fmt: skip
     clients = bc.AgentClients(url, cfg)
     make_workflow(spec.workload, seed, 0)  # fail fast on a bad workload before any load
+    workers = {b.name: b.url for b in cfg.backends}
+    before = await bc.scrape_workers(workers)  # real workers count from their start, not this run's
     t0 = time.monotonic()
     done = [0]
 
@@ -212,7 +215,7 @@ async def _drive(
             await bc.closed_loop(clients, spec.workload, seed, int(load), horizon, drain, log, on_request, t0)
         else:
             await bc.open_loop(clients, spec.workload, seed, load, horizon, drain, log, on_request, t0)
-        return await bc.scrape_workers({b.name: b.url for b in cfg.backends})
+        return bc.counters_since(before, await bc.scrape_workers(workers))
     finally:
         for p in pollers:
             p.cancel()

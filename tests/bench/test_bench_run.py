@@ -6,8 +6,14 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import openai
+import pytest
+
+from router.bench import client as bc
 from router.bench.overhead import offer, run_overhead
 from router.bench.runner import BenchSpec, run_bench
 from tests.redisutil import redis_prefix
@@ -39,6 +45,7 @@ def test_tiny_bench_writes_results_and_plots(tmp_path: Path) -> None:
         assert e["config"]["speedup"] == 25.0 and e["config"]["workload"] == "mixed"
         assert set(e["peak_kv_usage"]) == {"small-0", "large-0"}
         assert e["prefix_cache_hit_rate"] is not None and e["prefix_cache_hit_rate"] > 0  # contexts grow
+        assert e["worker_counters_since"] == "run"
     for png in ("latency_cdf.png", "sla_vs_rate.png", "frontier.png"):
         assert (tmp_path / png).stat().st_size > 1000
     assert list((tmp_path / "logs").glob("requests-*.jsonl"))  # the gateway's request logs, for the predictor
@@ -81,6 +88,26 @@ async def test_overhead_client_resends_on_a_connection_the_server_closed_while_i
         else:
             assert got["errors"] == got["requests"] > 5 and got["reconnects"] == 0
             assert all(k.startswith("IncompleteReadError") for k in got["error_kinds"])
+
+
+async def test_worker_counters_are_each_runs_own(sim_server: Callable[..., Any]) -> None:
+    """vLLM's counters run from the worker's start; a bench run reports what it added (a real worker
+    serves many runs: summed since boot, Rerun 4's real prefix hit rates were off by half)."""
+    srv = sim_server(model="m")
+    workers = {"w": srv.url}
+    prompt = [{"role": "user", "content": "alpha beta gamma delta " * 40}]
+    async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x") as client:
+        for _ in range(2):  # an earlier run: one miss, one hit
+            await client.chat.completions.create(model="m", messages=prompt, max_tokens=2)
+        before = await bc.scrape_workers(workers)
+        await client.chat.completions.create(model="m", messages=prompt, max_tokens=2)  # this run: one hit
+        since = bc.counters_since(before, await bc.scrape_workers(workers))
+    total = before["w"]["prefix_cache_queries"] + since["w"]["prefix_cache_queries"]
+    assert since["w"]["prefix_cache_queries"] == pytest.approx(total / 3, rel=0.05)
+    assert since["w"]["prefix_cache_hits"] / since["w"]["prefix_cache_queries"] > 0.9  # the run's own: all hit
+    assert before["w"]["prefix_cache_hits"] / before["w"]["prefix_cache_queries"] < 0.6
+    restarted = {"w": {"q": 3.0}, "v": {"q": 1.0}}  # "w" went down (restarted), "v" is new
+    assert bc.counters_since({"w": {"q": 10.0}}, restarted) == restarted
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
