@@ -90,7 +90,7 @@ async def offer(url: str, rate: float, duration_s: float, warmup_s: float, seed:
                 try:
                     await asyncio.wait_for(conn.request(head), timeout=10.0)
                 except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError) as exc:
-                    if conn.answered or getattr(exc, "partial", b""):
+                    if conn.answered or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
                         raise  # a broken answer is an error
                     # the server closed this idle keep-alive connection (uvicorn: after 5 s) as we
                     # reused it, before any byte of an answer: a new connection, as HTTP clients do
