@@ -123,6 +123,29 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0,
         time.sleep(0.1)
 
 
+def wait_replicas(
+    url: str, procs: Sequence[subprocess.Popen[bytes]], headers: dict[str, str] | None = None, timeout_s: float = 30.0
+) -> None:
+    """Poll ``url``'s /fleet until each of the replicas sharing its port (SO_REUSEPORT) has answered
+    as itself (``replicas[].self``): a new connection per poll, so the kernel spreads the polls over
+    every listening process. /ready alone cannot tell: the first replica up answers for all, and a
+    client's keep-alive connections opened before the others listen stay on it for the whole run."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < len(procs):
+        for proc in procs:
+            if proc.poll() is not None:
+                raise ChimeraError(f"a gateway replica on {url} exited with status {proc.returncode}")
+        try:
+            body = httpx.get(url + "/fleet", timeout=1.0, headers=headers).json()
+            seen |= {r["id"] for r in body.get("replicas", []) if r.get("self")}
+        except (httpx.HTTPError, ValueError, TypeError, KeyError):
+            pass
+        if time.monotonic() > deadline:
+            raise ChimeraError(f"{len(seen)} of {len(procs)} gateway replicas on {url} answered within {timeout_s:g} s")
+        time.sleep(0.05)
+
+
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

@@ -150,6 +150,9 @@ def run_one(
         try:
             for gw in gws:
                 gateway_proc.wait_ready(url, gw)
+            if len(gws) > 1:
+                admin = cfg.gateway.admin_key
+                gateway_proc.wait_replicas(url, gws, {"Authorization": f"Bearer {admin}"} if admin else None)
             task = progress.add_task(label, total=horizon)
             counters = asyncio.run(
                 _drive(
