@@ -27,19 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _load_samples(paths: list[str]) -> list[Any]:
-    from predictor.dataset import read_log, samples
+    from predictor.dataset import read_logs
 
-    records: list[dict[str, Any]] = []
-    feedback: dict[str, float] = {}
-    for path in paths:
-        try:
-            r, f = read_log(path)
-        except OSError as exc:
-            raise ConfigError(f"cannot read request log: {exc.strerror or exc}", file=path) from exc
-        records += r
-        feedback.update(f)
-    records.sort(key=lambda r: r.get("ts") or 0.0)
-    data = samples(records, feedback)
+    try:
+        data = read_logs(paths)
+    except OSError as exc:
+        raise ConfigError(f"cannot read request log: {exc.strerror or exc}", file=exc.filename or paths[0]) from exc
     if not data:
         raise ConfigError("no usable requests in the log (need outcome ok, a backend and fleet features; run the "
                           "gateway with gateway.predictor or the predictive policy)", key="--log")  # fmt: skip

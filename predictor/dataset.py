@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,19 @@ def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
             elif obj.get("request_id") and obj.get("endpoint"):
                 records.append(obj)
     return records, feedback
+
+
+def read_logs(paths: Sequence[str | Path]) -> list[Sample]:
+    """The training samples of several request logs: their records in time order, with every log's
+    feedback applied (:func:`read_log`, :func:`samples`). Raises OSError for a log it cannot read."""
+    records: list[dict[str, Any]] = []
+    feedback: dict[str, float] = {}
+    for path in paths:
+        r, f = read_log(path)
+        records += r
+        feedback.update(f)
+    records.sort(key=lambda r: r.get("ts") or 0.0)
+    return samples(records, feedback)
 
 
 def usable(rec: Mapping[str, Any]) -> bool:

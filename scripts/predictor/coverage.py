@@ -13,32 +13,16 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from predictor import artifact
-from predictor.dataset import read_log, samples
+from predictor.dataset import read_logs
 from predictor.evaluate import evaluate
 from predictor.model import Estimator, PriorPredictor, Sample
+from predictor.prior import worker_load
 
 TARGETS = ("ttft_ms", "tpot_ms", "e2e_ms", "output_tokens")
-
-
-def load_samples(paths: Sequence[str]) -> list[Sample]:
-    records: list[dict[str, Any]] = []
-    feedback: dict[str, float] = {}
-    for p in paths:
-        r, f = read_log(p)
-        records += r
-        feedback.update(f)
-    records.sort(key=lambda r: r.get("ts") or 0.0)
-    return samples(records, feedback)
-
-
-def load(s: Sample) -> int:
-    v = s.view
-    return max((v.running or 0) + (v.waiting or 0), v.inflight_requests)
 
 
 def line(name: str, estimator: Estimator, data: Sequence[Sample]) -> str:
@@ -56,11 +40,11 @@ def main() -> None:
     ap.add_argument("--edges", help="load bucket edges, e.g. 3,10 (bucket i: edges[i-1] < load <= edges[i])")
     args = ap.parse_args()
     estimator: Estimator = PriorPredictor() if args.model == "prior" else artifact.load(args.model)[0]
-    data = load_samples(args.log)
+    data = read_logs(args.log)
     print(line("all", estimator, data))
     for path in args.log:
-        print(line(path.rsplit("/", 1)[-1].removesuffix(".jsonl"), estimator, load_samples([path])))
-    loads = np.asarray([load(s) for s in data], dtype=np.float64)
+        print(line(path.rsplit("/", 1)[-1].removesuffix(".jsonl"), estimator, read_logs([path])))
+    loads = np.asarray([worker_load(s.view) for s in data], dtype=np.float64)
     edges = ([float(e) for e in args.edges.split(",")] if args.edges
              else sorted(set(np.quantile(loads, [1 / 3, 2 / 3]).tolist())))  # fmt: skip
     bucket = np.searchsorted(np.asarray(edges), loads, side="left")

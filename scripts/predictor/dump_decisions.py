@@ -21,7 +21,7 @@ from typing import Any
 
 from threadpoolctl import threadpool_limits
 
-from predictor.dataset import read_log, samples
+from predictor.dataset import read_logs
 from predictor.model import Estimator, ModelSlot, Predictor, PriorPredictor, Sample
 from predictor.prior import profile_for
 from router.config import PolicyOptions
@@ -29,17 +29,6 @@ from router.policies.predictive import make_predictive
 from router.types import BackendView, FleetSnapshot, RequestFeatures
 
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b")
-
-
-def load(paths: list[str]) -> list[Sample]:
-    records: list[dict[str, Any]] = []
-    feedback: dict[str, float] = {}
-    for p in paths:
-        r, f = read_log(p)
-        records += r
-        feedback.update(f)
-    records.sort(key=lambda r: r.get("ts") or 0.0)
-    return samples(records, feedback)
 
 
 def decisions(model: Estimator, data: list[Sample]) -> list[dict[str, Any]]:
@@ -102,8 +91,8 @@ def main() -> int:
         if "calibration" in model.get_params():
             model.set_params(calibration=args.calibration)
         with threadpool_limits(limits=1, user_api="openmp"):
-            estimator = model.fit(load(args.train))
-    res = decisions(estimator, load(args.test))
+            estimator = model.fit(read_logs(args.train))
+    res = decisions(estimator, read_logs(args.test))
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(res, f)
     print(f"{len(res)} decisions -> {args.out}")
