@@ -70,9 +70,10 @@ def create_app(
             if client is None:
                 client = make_http_client(config.gateway.timeouts)
                 stack.push_async_callback(client.aclose)
-            fleet = state
-            if fleet is None:
-                fleet = create_state(config)
+            fleet = state or create_state(config)
+            if runtime is not None:
+                runtime.share_through(fleet)  # before start: a shared state then reads news from its start
+            if state is None:
                 await fleet.start()
                 stack.push_async_callback(fleet.close)
             if probe:
@@ -83,7 +84,6 @@ def create_app(
             await request_log.start()
             stack.push_async_callback(request_log.close)
             if runtime is not None:
-                runtime.share_through(fleet)
                 await runtime.start()
                 stack.push_async_callback(runtime.close)
             gateway = Gateway(

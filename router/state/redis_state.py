@@ -19,7 +19,7 @@ Each replica keeps the same local :class:`~router.state.table.FleetTable` as the
   the worker they were sent to) is queued locally and appended, once per sync, to a capped stream
   (``XADD MAXLEN ~``) in the same pipelined round trip that reads the other replicas' entries
   since the last one seen (``XREAD``); each is handed to ``on_shared_prefix``'s callback. A replica
-  reads from where the stream ended when it started, skips news older than ``PREFIX_STALE_MS`` (a
+  reads from where the stream ended when its predictor started listening, skips news older than ``PREFIX_STALE_MS`` (a
   reader that far behind, after an outage, jumps to the end), and queues nothing while degraded.
 * **Outage.** Every call is bounded by ``op_timeout_s``. On an error the state turns degraded: it
   logs once, counts it, stops calling Redis on the hot path (reserve/release only touch the local
@@ -122,7 +122,8 @@ class RedisFleetState:
         for name in ("PUT", "SYNC", "PUBLISH_PROBE", "ELECT", "GOODBYE", "TAKE_TOKENS"):
             self._scripts[name] = self._client.register_script(getattr(redis_lua, name))
         await self.sync()
-        await self.exchange_prefixes(position=True)  # whatever is shared from now on reaches this replica
+        if self._prefix_apply is not None:  # a predictor listens: whatever is shared from now on reaches it
+            await self.exchange_prefixes(position=True)
         self._sync_task = asyncio.create_task(self._sync_loop(), name=f"redis-state:{self.replica_id}")
 
     async def close(self) -> None:
@@ -311,10 +312,11 @@ class RedisFleetState:
                 pipe.xadd(self._k_prefix, {"r": self.replica_id, "d": "\n".join(out)},
                           maxlen=PREFIX_STREAM_LEN, approximate=True)  # fmt: skip
                 pipe.pexpire(self._k_prefix, PREFIX_STREAM_TTL_MS)
-            if listen and seen is None:
-                pipe.xrevrange(self._k_prefix, count=1)  # start at the end (after our own entry)
-            elif listen and seen is not None:
-                pipe.xread({self._k_prefix: seen}, count=PREFIX_READ_BATCH)
+            if listen:
+                if seen is None:
+                    pipe.xrevrange(self._k_prefix, count=1)  # start at the end (after our own entry)
+                else:
+                    pipe.xread({self._k_prefix: seen}, count=PREFIX_READ_BATCH)
             return list(await pipe.execute())
 
         replies = await self._round_trip(pipeline)
