@@ -4,7 +4,8 @@ The reference is a chat request of :data:`REFERENCE_PROMPT_TOKENS` prompt tokens
 :data:`REFERENCE_OUTPUT_TOKENS` output tokens, sent to each worker in its current state (running,
 waiting, KV use, in-flight requests and tokens). A gateway with a predictor (the ``predictive``
 policy, or ``gateway.predictor``) takes TTFT from its current estimator — learned or the prior — as
-a decision does, and TPOT from the prior (as a decision does too); e2e is TTFT + 255 x TPOT, the
+a decision does, and TPOT from the prior (as a decision does too), both corrected by each worker's
+observed / predicted ratios (``ttft_bias``, ``tpot_bias``) as a decision corrects them; e2e is TTFT + 255 x TPOT, the
 reference's own length, not a predicted one. Any other gateway uses the analytic prior of the
 workers' profiles
 (:func:`predictor.prior.prior_latency`: numpy and the profiles only, no scikit-learn import).
@@ -67,4 +68,7 @@ def slot_predictions(
     )
     p = slot.current.predict(features, tuple(views), profiles_by_model(profiles, tuple(views)))
     out = float(REFERENCE_OUTPUT_TOKENS)
-    return {v.name: _row(float(p.ttft[i, 0]), float(p.tpot[i, 0]), out) for i, v in enumerate(views)}
+    return {
+        v.name: _row(float(p.ttft[i, 0]) * v.ttft_bias, float(p.tpot[i, 0]) * v.tpot_bias, out)
+        for i, v in enumerate(views)
+    }

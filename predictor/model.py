@@ -72,6 +72,20 @@ class Sample:
     score: float | None = None
 
 
+def with_feedback(p: Prediction, views: Sequence[BackendView]) -> Prediction:
+    """``p`` corrected by how each worker's recent requests ran against their predictions: TTFT times
+    the view's ``ttft_bias``, the decode part of e2e (e2e - TTFT) and TPOT times its ``tpot_bias``.
+    A gateway learns these ratios online from every streamed answer (:mod:`router.state.table`), so
+    a worker slower than its profile or the learned model says — a co-located GPU, a slow boot,
+    sampling costs — is priced as it runs now, before any refit."""
+    b = np.asarray([(v.ttft_bias, v.tpot_bias) for v in views], dtype=np.float64)
+    bt, bp = b[:, 0:1], b[:, 1:2]
+    ttft = p.ttft * bt
+    e2e = ttft + np.maximum(p.e2e - p.ttft, 0.0) * bp
+    e2e[:, 1] = np.maximum(e2e[:, 1], e2e[:, 0])
+    return Prediction(ttft, p.tpot * bp, e2e, p.output, p.remaining, p.quality)
+
+
 class Estimator(Protocol):
     def predict(
         self,

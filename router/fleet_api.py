@@ -85,6 +85,8 @@ def _backend_json(b: BackendView, predicted: dict[str, float]) -> dict[str, Any]
         "last_success_age_s": b.last_success_age_s,
         "ttft_ewma_ms": None if b.ttft_ewma_s is None else b.ttft_ewma_s * 1000.0,
         "tpot_ewma_ms": None if b.tpot_ewma_s is None else b.tpot_ewma_s * 1000.0,
+        "ttft_bias": b.ttft_bias,  # observed / predicted on this worker's recent requests (predictive policy)
+        "tpot_bias": b.tpot_bias,
         "predicted_ttft_ms": predicted.get("ttft_ms"),  # for the reference request: body["predicted_for"]
         "predicted_tpot_ms": predicted.get("tpot_ms"),
         "predicted_e2e_ms": predicted.get("e2e_ms"),

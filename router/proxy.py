@@ -63,6 +63,9 @@ class ProxyCall:
     request_id: str
     record: RequestRecord
     predicted_output: float | None = None  # the policy's predicted output tokens (reserved instead of the cap)
+    # the policy's own (uncorrected) TTFT and decode-time-per-token predictions, seconds, for its first
+    # choice: what that worker's timings are compared with (the views' ttft_bias / tpot_bias)
+    predicted_timing: tuple[str, float | None, float | None] | None = None
     degraded: str | None = None  # what admission control degraded (X-Chimera-Degraded), e.g. "max_tokens=256"
     _bodies: dict[str, bytes] = field(default_factory=dict)
 
@@ -117,7 +120,11 @@ class ProxyResponse:
             decision, eligible = choose(gw, call.features)
         rec.policy, rec.reason = gw.policy_name, decision.reason
         rec.predicted = dict(decision.predicted) or None
-        call.predicted_output = decision.predicted.get("output_tokens")
+        p = decision.predicted
+        call.predicted_output = p.get("output_tokens")
+        if decision.ranked and ("ttft_model_ms" in p or "tpot_model_ms" in p):
+            ttft, tpot = p.get("ttft_model_ms"), p.get("tpot_model_ms")
+            call.predicted_timing = (decision.ranked[0], ttft and ttft / 1e3, tpot and tpot / 1e3)
         ranked = [n for n in dict.fromkeys(decision.ranked) if eligible.by_name(n) is not None]
         if not ranked:
             raise NoHealthyWorker("the routing policy chose no worker")
@@ -237,7 +244,12 @@ class ProxyResponse:
         if rec.completion_tokens is None:
             rec.completion_tokens = cutter.content_events(opening_event=self.call.features.endpoint == "chat")
         rec.outcome = "ok"
-        await gw.state.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s)
+        timing = self.call.predicted_timing
+        if timing is not None and timing[0] == opened.backend:
+            await gw.state.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s,
+                                         predicted_ttft_s=timing[1], predicted_tpot_s=timing[2])  # fmt: skip
+        else:
+            await gw.state.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s)
 
 
 async def run_until_disconnect(
@@ -335,4 +347,6 @@ def _fleet_features(v: BackendView) -> dict[str, Any]:
         "kv_budget_tokens": v.kv_budget_tokens,
         "ttft_ewma_s": v.ttft_ewma_s,
         "tpot_ewma_s": v.tpot_ewma_s,
+        "ttft_bias": v.ttft_bias,
+        "tpot_bias": v.tpot_bias,
     }

@@ -57,6 +57,10 @@ class BackendView:
     last_success_age_s: float | None = None  # since the last successful probe or request (None: never)
     ttft_ewma_s: float | None = None
     tpot_ewma_s: float | None = None
+    # How this worker's recent requests ran against their predictions at dispatch (observed / predicted,
+    # a geometric EWMA; 1.0 until one is seen): what the predictive policy corrects its estimates by.
+    ttft_bias: float = 1.0
+    tpot_bias: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,16 @@ the capable model is *on this prompt*. ``wrong_answer_s: 0`` gives Chimera's pla
 (the most capable within ``latency_slack`` x the fastest's p90 e2e). If nobody meets the SLA, the
 least predicted lateness wins. The rest of the ranking (retry fallbacks) follows the same order.
 
+Online feedback (``latency_feedback``, on by default): before ranking, each worker's predicted TTFT
+is multiplied by its view's ``ttft_bias`` and the decode part of its e2e (and its TPOT) by its
+``tpot_bias`` — observed ÷ predicted over that worker's recent streamed answers, which the gateway
+keeps per worker (:mod:`router.state.table`). The decision reports the estimator's own TTFT and
+decode time per token (``ttft_model_ms``, ``tpot_model_ms``) beside the corrected figures: those
+are what the chosen worker's timings are compared with. A worker slower than its profile or the
+learned model says (a GPU it shares, a slow boot, sampling costs the profile never saw) is then
+priced as it runs, before any refit; expected costs that differ by a few percent (the 1.5B against
+the 7B for a typical step on the H200 fleet) are decided by measurement, not by two guesses.
+
 Prefix affinity enters as the expected cached share of the prompt on each worker (lower predicted
 TTFT there), with a load guard: a worker carrying more than ``affinity_load_ratio`` x the least
 loaded candidate's in-flight requests (+ ``affinity_load_slack``) gets no affinity credit, so a hot
@@ -29,7 +39,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from predictor.boosting import Array
-from predictor.model import ModelSlot, Prediction, PriorPredictor
+from predictor.model import ModelSlot, Prediction, PriorPredictor, with_feedback
 from predictor.prior import WorkerProfile, profiles_by_model
 from router.config import PolicyOptions
 from router.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
@@ -101,14 +111,15 @@ def make_predictive(
     backend name (default: guessed from each worker's model name)."""
     slot = slot or ModelSlot(PriorPredictor())
     profiles = dict(profiles or {})
-    slack, wrong_ms = options.latency_slack, options.wrong_answer_s * 1e3
+    slack, wrong_ms, feedback = options.latency_slack, options.wrong_answer_s * 1e3, options.latency_feedback
 
     def predictive(features: RequestFeatures, snapshot: FleetSnapshot) -> Decision:
         views = snapshot.backends
         if not views:
             return Decision(ranked=())
         worker_profiles = profiles_by_model(profiles, views)
-        p = slot.current.predict(features, views, worker_profiles, guarded_shares(features, views, options))
+        raw = slot.current.predict(features, views, worker_profiles, guarded_shares(features, views, options))
+        p = with_feedback(raw, views) if feedback else raw
         scale = np.fromiter((w.time_scale for w in worker_profiles), np.float64, len(views))
         order, why = rank(p, features, slack, scale, wrong_ms)
         i = order[0]
@@ -119,6 +130,10 @@ def make_predictive(
             "e2e_p90_ms": e2e90 * 1e3, "quality": float(p.quality[i]), "output_tokens": out, "output_tokens_p90": out90,
             "workflow_remaining_tokens": float(p.remaining[i]),
         }  # fmt: skip
+        if feedback:  # the estimator's own TTFT and decode time per token, which the worker's timings correct
+            ttft_raw, e2e_raw = float(raw.ttft[i, 0]), float(raw.e2e[i, 0])
+            tpot_raw = (e2e_raw - ttft_raw) / (out - 1.0) if out > 1.5 and e2e_raw > ttft_raw else float(raw.tpot[i, 0])
+            predicted["ttft_model_ms"], predicted["tpot_model_ms"] = ttft_raw * 1e3, tpot_raw * 1e3
         return Decision(ranked=tuple(views[j].name for j in order), reason=f"predictive:{why}", predicted=predicted)
 
     return predictive

@@ -105,9 +105,18 @@ class FleetState(Protocol):
         ...
 
     async def record_result(
-        self, backend: str, ok: bool, *, ttft_s: float | None = None, tpot_s: float | None = None
+        self,
+        backend: str,
+        ok: bool,
+        *,
+        ttft_s: float | None = None,
+        tpot_s: float | None = None,
+        predicted_ttft_s: float | None = None,
+        predicted_tpot_s: float | None = None,
     ) -> None:
-        """Passive health: a proxied request's outcome (a worker failure or success) and timings."""
+        """Passive health: a proxied request's outcome (a worker failure or success) and timings, with
+        what the policy predicted for them at dispatch where it did (the views' ``ttft_bias`` and
+        ``tpot_bias`` follow how the predictions for each worker turn out)."""
         ...
 
     def share_prefix(self, hashes: Sequence[int], backend: str) -> None:

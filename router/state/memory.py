@@ -92,9 +92,16 @@ class MemoryFleetState:
         self._table.probe(backend, ok, metrics)
 
     async def record_result(
-        self, backend: str, ok: bool, *, ttft_s: float | None = None, tpot_s: float | None = None
+        self,
+        backend: str,
+        ok: bool,
+        *,
+        ttft_s: float | None = None,
+        tpot_s: float | None = None,
+        predicted_ttft_s: float | None = None,
+        predicted_tpot_s: float | None = None,
     ) -> None:
-        self._table.result(backend, ok, ttft_s, tpot_s)
+        self._table.result(backend, ok, ttft_s, tpot_s, predicted_ttft_s, predicted_tpot_s)
 
     # -- prefix index: no other gateway to tell --
 

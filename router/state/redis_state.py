@@ -217,9 +217,16 @@ class RedisFleetState:
             await self._call("PUBLISH_PROBE", [self._k_probe + backend], [self.replica_id, int(ok), m])
 
     async def record_result(
-        self, backend: str, ok: bool, *, ttft_s: float | None = None, tpot_s: float | None = None
+        self,
+        backend: str,
+        ok: bool,
+        *,
+        ttft_s: float | None = None,
+        tpot_s: float | None = None,
+        predicted_ttft_s: float | None = None,
+        predicted_tpot_s: float | None = None,
     ) -> None:
-        self._table.result(backend, ok, ttft_s, tpot_s)
+        self._table.result(backend, ok, ttft_s, tpot_s, predicted_ttft_s, predicted_tpot_s)
 
     # -- sync --
 

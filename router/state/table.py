@@ -35,7 +35,9 @@ from router.types import BackendView, FleetSnapshot
 
 log = logging.getLogger("router.state")
 
-EWMA_ALPHA = 0.2  # weight of the newest TTFT/TPOT sample
+EWMA_ALPHA = 0.2  # weight of the newest TTFT/TPOT sample (and of the newest observed / predicted ratio)
+BIAS_SAMPLE_LIMIT = 4.0  # one request's observed / predicted ratio counts as at most this (or 1 / this)
+BIAS_LIMIT = 2.5  # the correction a view carries is within [1 / this, this]
 AGE_RESOLUTION_S = 0.05  # a cached view's metrics_age_s / last_success_age_s lag by at most this
 
 
@@ -63,6 +65,8 @@ class WorkerRecord:
     last_success_at: float | None = None
     ttft_ewma_s: float | None = None
     tpot_ewma_s: float | None = None
+    ttft_log_bias: float = 0.0  # EWMA of log(observed / predicted) over requests dispatched with a prediction
+    tpot_log_bias: float = 0.0
     view: BackendView | None = None  # cache; every mutator resets it through FleetTable.touch()
 
 
@@ -139,8 +143,18 @@ class FleetTable:
             rec.probation = True
             log.info("worker %s re-admitted after %d good probes", rec.name, rec.consecutive_probe_successes)
 
-    def result(self, backend: str, ok: bool, ttft_s: float | None, tpot_s: float | None) -> None:
-        """Passive health: a proxied request's outcome and timings."""
+    def result(
+        self,
+        backend: str,
+        ok: bool,
+        ttft_s: float | None,
+        tpot_s: float | None,
+        predicted_ttft_s: float | None = None,
+        predicted_tpot_s: float | None = None,
+    ) -> None:
+        """Passive health: a proxied request's outcome and timings; with what the policy predicted
+        for them at dispatch, how far off the predictions for this worker run (``ttft_bias``,
+        ``tpot_bias``)."""
         rec = self.touch(backend)
         if not ok:
             rec.consecutive_probe_successes = 0
@@ -151,6 +165,8 @@ class FleetTable:
         rec.probation, rec.repeat_ejections = False, 0
         rec.ttft_ewma_s = ewma(rec.ttft_ewma_s, ttft_s)
         rec.tpot_ewma_s = ewma(rec.tpot_ewma_s, tpot_s)
+        rec.ttft_log_bias = log_ratio_ewma(rec.ttft_log_bias, ttft_s, predicted_ttft_s)
+        rec.tpot_log_bias = log_ratio_ewma(rec.tpot_log_bias, tpot_s, predicted_tpot_s)
 
     def _failure(self, rec: WorkerRecord, source: str) -> None:
         rec.consecutive_failures += 1
@@ -173,6 +189,25 @@ def ewma(old: float | None, sample: float | None) -> float | None:
     return sample if old is None else old + EWMA_ALPHA * (sample - old)
 
 
+_SAMPLE_LOG_LIMIT = math.log(BIAS_SAMPLE_LIMIT)
+_VIEW_LOG_LIMIT = math.log(BIAS_LIMIT)
+
+
+def log_ratio_ewma(old: float, observed: float | None, predicted: float | None) -> float:
+    """``old`` moved towards ``log(observed / predicted)`` (each sample clipped to ±log 4), or
+    ``old`` when either is missing or not a positive number."""
+    if not observed or not predicted or observed <= 0 or predicted <= 0:
+        return old
+    r = math.log(observed / predicted)
+    if not math.isfinite(r):
+        return old
+    return old + EWMA_ALPHA * (max(-_SAMPLE_LOG_LIMIT, min(_SAMPLE_LOG_LIMIT, r)) - old)
+
+
+def _bias(log_bias: float) -> float:
+    return math.exp(max(-_VIEW_LOG_LIMIT, min(_VIEW_LOG_LIMIT, log_bias))) if log_bias else 1.0
+
+
 def _build(r: WorkerRecord, now: float) -> BackendView:
     m = r.metrics
     r.view = BackendView(
@@ -192,5 +227,7 @@ def _build(r: WorkerRecord, now: float) -> BackendView:
         last_success_age_s=None if r.last_success_at is None else max(0.0, now - r.last_success_at),
         ttft_ewma_s=r.ttft_ewma_s,
         tpot_ewma_s=r.tpot_ewma_s,
+        ttft_bias=_bias(r.ttft_log_bias),
+        tpot_bias=_bias(r.tpot_log_bias),
     )
     return r.view

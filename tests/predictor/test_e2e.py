@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import httpx
@@ -115,3 +116,39 @@ def test_replicas_on_redis_share_the_prefix_index(
         time.sleep(0.1)
     rec = next(json.loads(line) for line in logs[1].read_text().splitlines() if second in line)
     assert rec["backend"] == first and rec["fleet"]["prefix_share"] > 0.5
+
+
+def test_predictive_learns_a_worker_slower_than_its_profile(sim_server: Start, gateway_server: Start) -> None:
+    """Two workers the gateway believes alike (same model, same profile), one of them really running
+    four times slower: the prior ties them, so the first requests go to the slow one (listed first);
+    its streamed timings against the predictions raise its ``tpot_bias``, and the policy moves to the
+    fast one. With ``latency_feedback: false`` the tie never breaks."""
+    slow = sim_server(model="qwen2.5-1.5b", profile="h200-qwen2.5-1.5b", speedup=0.25)
+    fast = sim_server(model="qwen2.5-1.5b", profile="h200-qwen2.5-1.5b", speedup=1.0)
+    backends = [{"name": n, "url": s.url, "model": "qwen2.5-1.5b", "profile": "h200-qwen2.5-1.5b"}
+                for n, s in (("slow", slow), ("fast", fast))]  # fmt: skip
+
+    def run(feedback: bool) -> tuple[list[str], dict[str, Any]]:
+        cfg = make_config(backends, policy="predictive", policy_options={"latency_feedback": feedback},
+                          predictor={"refit_interval_s": 0})  # fmt: skip
+        gw = gateway_server(cfg)
+        chosen = []
+        with openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0) as client:
+            for i in range(12):
+                with client.chat.completions.with_streaming_response.create(
+                    model="auto", messages=[{"role": "user", "content": f"question {i}"}], max_tokens=24,
+                    stream=True, extra_body={"sim": {"output_tokens": 24}},
+                ) as raw:  # fmt: skip
+                    chosen.append(raw.headers["x-chimera-backend"])
+                    for _ in raw.iter_lines():
+                        pass
+        fleet = {b["name"]: b for b in httpx.get(gw.url + "/fleet").json()["backends"]}
+        return chosen, fleet
+
+    chosen, fleet = run(True)
+    assert chosen[0] == "slow" and chosen[-4:] == ["fast"] * 4, chosen
+    biases = {n: (b["ttft_bias"], b["tpot_bias"]) for n, b in fleet.items()}
+    assert fleet["slow"]["tpot_bias"] > 1.25 and 0.7 < fleet["fast"]["tpot_bias"] < 1.2, biases
+    assert fleet["slow"]["predicted_tpot_ms"] > 1.1 * fleet["fast"]["predicted_tpot_ms"]  # /fleet corrects too
+    chosen, fleet = run(False)
+    assert chosen == ["slow"] * 12 and fleet["slow"]["tpot_bias"] == 1.0

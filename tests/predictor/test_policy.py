@@ -6,6 +6,7 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 from threadpoolctl import threadpool_limits
 
 from predictor.dataset import samples
@@ -65,6 +66,26 @@ def test_expected_cost_weighs_the_chance_of_a_wrong_answer() -> None:
     easy = {name: (e2e, ttft, 0.97 + 0.005 * i) for i, (name, (e2e, ttft, _)) in enumerate(TABLE.items())}
     assert decide(feats(), easy, wrong_s=3.2)[0] == "fast"  # everyone gets it right: the fastest
     assert PolicyOptions().wrong_answer_s > 0  # the default rule
+
+
+def test_feedback_prices_each_worker_as_its_requests_ran() -> None:
+    """A worker whose recent answers decoded 1.5x slower than predicted loses the expected-cost tie it
+    won on the estimator's numbers alone; its reported prediction is the corrected one, and the
+    estimator's own TTFT / decode per token go with it (what the gateway compares the timings with)."""
+    table = {"fast": (1000, 100, 0.5), "good": (1200, 100, 0.7)}
+    views = tuple(BackendView(name=n, model="m") for n in table)
+    assert decide(feats(), table, views=views, wrong_s=2.0)[0] == "good"  # 960 + 600 < 800 + 1000
+    slow = (views[0], BackendView(name="good", model="m", tpot_bias=1.5))
+    assert decide(feats(), table, views=slow, wrong_s=2.0)[0] == "fast"  # 80 + 880 x 1.5 + 600 > 1800
+    policy = make_predictive(PolicyOptions(wrong_answer_s=2.0), ModelSlot(Fixed(table)))
+    d = policy(feats(), FleetSnapshot((views[0], BackendView(name="good", model="m", ttft_bias=2.0))))
+    assert d.ranked[0] == "good"
+    assert d.predicted["ttft_ms"] == pytest.approx(160.0) and d.predicted["ttft_model_ms"] == pytest.approx(80.0)
+    assert d.predicted["e2e_ms"] == pytest.approx(1040.0)  # the decode part as predicted
+    assert d.predicted["tpot_model_ms"] == pytest.approx((960 - 80) / 99)  # e2e's decode part per token
+    off = make_predictive(PolicyOptions(wrong_answer_s=2.0, latency_feedback=False), ModelSlot(Fixed(table)))
+    assert off(feats(), FleetSnapshot(slow)).ranked[0] == "good"
+    assert "ttft_model_ms" not in off(feats(), FleetSnapshot(slow)).predicted
 
 
 def test_sla_and_min_quality_filter_before_the_rule() -> None:

@@ -256,6 +256,30 @@ async def test_latency_ewma(state: FleetState) -> None:
     assert a.ttft_ewma_s == pytest.approx(1.2) and a.tpot_ewma_s == pytest.approx(0.07)
 
 
+async def test_prediction_bias_follows_observed_over_predicted(state: FleetState) -> None:
+    import math
+
+    a = view(state, "a")
+    assert (a.ttft_bias, a.tpot_bias) == (1.0, 1.0)
+    await state.record_result("a", True, ttft_s=0.2, tpot_s=0.02)  # no prediction: no bias
+    assert (view(state, "a").ttft_bias, view(state, "a").tpot_bias) == (1.0, 1.0)
+    await state.record_result("a", True, ttft_s=0.2, tpot_s=0.02, predicted_ttft_s=0.1, predicted_tpot_s=0.02)
+    a = view(state, "a")
+    assert a.ttft_bias == pytest.approx(math.exp(0.2 * math.log(2.0))) and a.tpot_bias == 1.0
+    for _ in range(60):  # a worker twice as slow as predicted, every time
+        await state.record_result("a", True, ttft_s=0.2, tpot_s=0.04, predicted_ttft_s=0.1, predicted_tpot_s=0.02)
+    a = view(state, "a")
+    assert a.ttft_bias == pytest.approx(2.0, rel=1e-3) and a.tpot_bias == pytest.approx(2.0, rel=1e-3)
+    assert view(state, "b").tpot_bias == 1.0  # per worker
+    await state.record_result("a", False, ttft_s=9.0, predicted_ttft_s=0.1)  # failures carry no timing
+    await state.record_result("a", True, tpot_s=0.04, predicted_tpot_s=0.0)  # nothing to compare with
+    assert view(state, "a").ttft_bias == pytest.approx(2.0, rel=1e-3)
+    for _ in range(200):  # one request counts as at most 4x; the view carries at most 2.5x
+        await state.record_result("a", True, ttft_s=100.0, tpot_s=1e-9, predicted_ttft_s=0.1, predicted_tpot_s=0.02)
+    a = view(state, "a")
+    assert a.ttft_bias == pytest.approx(2.5) and a.tpot_bias == pytest.approx(1 / 2.5)
+
+
 async def test_snapshot_is_frozen_and_eligible_filters(state: FleetState) -> None:
     from dataclasses import FrozenInstanceError
 
