@@ -38,6 +38,9 @@ log = logging.getLogger("router.state")
 EWMA_ALPHA = 0.2  # weight of the newest TTFT/TPOT sample (and of the newest observed / predicted ratio)
 BIAS_SAMPLE_LIMIT = 4.0  # one request's observed / predicted ratio counts as at most this (or 1 / this)
 BIAS_LIMIT = 2.5  # the correction a view carries is within [1 / this, this]
+# A ratio fades back towards 1 with this half-life while its worker gets no new evidence: a worker
+# avoided because it was slow once (a burst, a preemption storm) is tried again, not avoided forever.
+BIAS_HALF_LIFE_S = 120.0
 AGE_RESOLUTION_S = 0.05  # a cached view's metrics_age_s / last_success_age_s lag by at most this
 
 
@@ -67,6 +70,7 @@ class WorkerRecord:
     tpot_ewma_s: float | None = None
     ttft_log_bias: float = 0.0  # EWMA of log(observed / predicted) over requests dispatched with a prediction
     tpot_log_bias: float = 0.0
+    bias_at: float = 0.0  # when the log biases were last updated (they fade from there)
     view: BackendView | None = None  # cache; every mutator resets it through FleetTable.touch()
 
 
@@ -165,8 +169,12 @@ class FleetTable:
         rec.probation, rec.repeat_ejections = False, 0
         rec.ttft_ewma_s = ewma(rec.ttft_ewma_s, ttft_s)
         rec.tpot_ewma_s = ewma(rec.tpot_ewma_s, tpot_s)
-        rec.ttft_log_bias = log_ratio_ewma(rec.ttft_log_bias, ttft_s, predicted_ttft_s)
-        rec.tpot_log_bias = log_ratio_ewma(rec.tpot_log_bias, tpot_s, predicted_tpot_s)
+        if predicted_ttft_s is not None or predicted_tpot_s is not None:
+            now = self.clock()
+            fade = _fade(now - rec.bias_at) if rec.ttft_log_bias or rec.tpot_log_bias else 1.0
+            rec.ttft_log_bias = log_ratio_ewma(rec.ttft_log_bias * fade, ttft_s, predicted_ttft_s)
+            rec.tpot_log_bias = log_ratio_ewma(rec.tpot_log_bias * fade, tpot_s, predicted_tpot_s)
+            rec.bias_at = now
 
     def _failure(self, rec: WorkerRecord, source: str) -> None:
         rec.consecutive_failures += 1
@@ -191,6 +199,7 @@ def ewma(old: float | None, sample: float | None) -> float | None:
 
 _SAMPLE_LOG_LIMIT = math.log(BIAS_SAMPLE_LIMIT)
 _VIEW_LOG_LIMIT = math.log(BIAS_LIMIT)
+_LN2 = math.log(2.0)
 
 
 def log_ratio_ewma(old: float, observed: float | None, predicted: float | None) -> float:
@@ -204,12 +213,17 @@ def log_ratio_ewma(old: float, observed: float | None, predicted: float | None) 
     return old + EWMA_ALPHA * (max(-_SAMPLE_LOG_LIMIT, min(_SAMPLE_LOG_LIMIT, r)) - old)
 
 
-def _bias(log_bias: float) -> float:
-    return math.exp(max(-_VIEW_LOG_LIMIT, min(_VIEW_LOG_LIMIT, log_bias))) if log_bias else 1.0
+def _fade(age_s: float) -> float:
+    return math.exp(-_LN2 * max(0.0, age_s) / BIAS_HALF_LIFE_S)
+
+
+def _bias(log_bias: float, fade: float) -> float:
+    return math.exp(max(-_VIEW_LOG_LIMIT, min(_VIEW_LOG_LIMIT, log_bias * fade))) if log_bias else 1.0
 
 
 def _build(r: WorkerRecord, now: float) -> BackendView:
     m = r.metrics
+    fade = _fade(now - r.bias_at) if r.ttft_log_bias or r.tpot_log_bias else 1.0
     r.view = BackendView(
         name=r.name,
         model=r.model,
@@ -227,7 +241,7 @@ def _build(r: WorkerRecord, now: float) -> BackendView:
         last_success_age_s=None if r.last_success_at is None else max(0.0, now - r.last_success_at),
         ttft_ewma_s=r.ttft_ewma_s,
         tpot_ewma_s=r.tpot_ewma_s,
-        ttft_bias=_bias(r.ttft_log_bias),
-        tpot_bias=_bias(r.tpot_log_bias),
+        ttft_bias=_bias(r.ttft_log_bias, fade),
+        tpot_bias=_bias(r.tpot_log_bias, fade),
     )
     return r.view

@@ -280,6 +280,20 @@ async def test_prediction_bias_follows_observed_over_predicted(state: FleetState
     assert a.ttft_bias == pytest.approx(2.5) and a.tpot_bias == pytest.approx(1 / 2.5)
 
 
+async def test_prediction_bias_fades_without_new_evidence(state: FleetState, clock: FakeClock) -> None:
+    from router.state.table import BIAS_HALF_LIFE_S
+
+    for _ in range(60):
+        await state.record_result("a", True, tpot_s=0.04, predicted_tpot_s=0.02)
+    assert view(state, "a").tpot_bias == pytest.approx(2.0, rel=1e-3)
+    clock.now += BIAS_HALF_LIFE_S
+    assert view(state, "a").tpot_bias == pytest.approx(2.0**0.5, rel=1e-3)  # half the log-ratio left
+    await state.record_result("a", True, tpot_s=0.02, predicted_tpot_s=0.02)  # the faded value is the EWMA's start
+    assert view(state, "a").tpot_bias == pytest.approx(2.0 ** (0.5 * 0.8), rel=1e-3)
+    clock.now += 100 * BIAS_HALF_LIFE_S
+    assert view(state, "a").tpot_bias == pytest.approx(1.0)
+
+
 async def test_snapshot_is_frozen_and_eligible_filters(state: FleetState) -> None:
     from dataclasses import FrozenInstanceError
 
