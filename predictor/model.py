@@ -74,15 +74,18 @@ class Sample:
 
 def with_feedback(p: Prediction, views: Sequence[BackendView]) -> Prediction:
     """``p`` corrected by how each worker's recent requests ran against their predictions: TTFT times
-    the view's ``ttft_bias``, the decode part of e2e (e2e - TTFT) and TPOT times its ``tpot_bias``.
-    A gateway learns these ratios online from every streamed answer (:mod:`router.state.table`), so
-    a worker slower than its profile or the learned model says — a co-located GPU, a slow boot,
-    sampling costs — is priced as it runs now, before any refit."""
-    b = np.asarray([(v.ttft_bias, v.tpot_bias) for v in views], dtype=np.float64)
-    bt, bp = b[:, 0:1], b[:, 1:2]
+    the view's ``ttft_bias``, the decode part of e2e (e2e - TTFT, at least 0) and TPOT times its
+    ``tpot_bias``. A gateway learns these ratios online from every streamed answer
+    (:mod:`router.state.table`), so a worker slower than its profile or the learned model says — a
+    co-located GPU, a slow boot — is priced as it runs now, before any refit. (Few numpy calls: this
+    runs in every decision.)"""
+    b = np.array([(v.ttft_bias, v.tpot_bias) for v in views])
+    bt, bp = b[:, :1], b[:, 1:]
     ttft = p.ttft * bt
-    e2e = ttft + np.maximum(p.e2e - p.ttft, 0.0) * bp
-    e2e[:, 1] = np.maximum(e2e[:, 1], e2e[:, 0])
+    e2e = p.e2e - p.ttft
+    np.maximum(e2e, 0.0, out=e2e)
+    e2e *= bp
+    e2e += ttft
     return Prediction(ttft, p.tpot * bp, e2e, p.output, p.remaining, p.quality)
 
 

@@ -119,7 +119,11 @@ def make_predictive(
             return Decision(ranked=())
         worker_profiles = profiles_by_model(profiles, views)
         raw = slot.current.predict(features, views, worker_profiles, guarded_shares(features, views, options))
-        p = with_feedback(raw, views) if feedback else raw
+        p = (
+            with_feedback(raw, views)
+            if feedback and any(v.ttft_bias != 1.0 or v.tpot_bias != 1.0 for v in views)
+            else raw
+        )
         scale = np.fromiter((w.time_scale for w in worker_profiles), np.float64, len(views))
         order, why = rank(p, features, slack, scale, wrong_ms)
         i = order[0]
@@ -127,8 +131,8 @@ def make_predictive(
         (ttft, ttft90), (tpot, _), (e2e, e2e90), (out, out90) = rows
         predicted = {
             "ttft_ms": ttft * 1e3, "ttft_p90_ms": ttft90 * 1e3, "tpot_ms": tpot * 1e3, "e2e_ms": e2e * 1e3,
-            "e2e_p90_ms": e2e90 * 1e3, "quality": float(p.quality[i]), "output_tokens": out, "output_tokens_p90": out90,
-            "workflow_remaining_tokens": float(p.remaining[i]),
+            "e2e_p90_ms": max(e2e, e2e90) * 1e3, "quality": float(p.quality[i]), "output_tokens": out,
+            "output_tokens_p90": out90, "workflow_remaining_tokens": float(p.remaining[i]),
         }  # fmt: skip
         if feedback:  # the estimator's own TTFT and decode time per token, which the worker's timings correct
             ttft_raw, e2e_raw = float(raw.ttft[i, 0]), float(raw.e2e[i, 0])

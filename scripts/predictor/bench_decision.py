@@ -39,16 +39,18 @@ def timeit(fn: Callable[[], object], n: int) -> tuple[float, float]:
     return float(np.median(ts) * 1e6), float(np.quantile(ts, 0.99) * 1e6)
 
 
-def setup(model: str | None) -> tuple[Callable[[], object], Callable[[], object], int]:
-    """(one decision over 8 workers, the per-request text features, the prompt's words) of a coder step."""
+def setup(model: str | None, feedback: bool = True) -> tuple[Callable[[], object], Callable[[], object], int]:
+    """(one decision over 8 workers, the per-request text features, the prompt's words) of a coder step.
+    The workers carry observed / predicted ratios, as on a gateway that has served traffic."""
     est = artifact.load(model)[0] if model else PriorPredictor()
     views = tuple(
         BackendView(name=f"w{i}", model=MODELS[i % 4], running=3 * i, waiting=i // 4, kv_usage=0.04 * i,
                     inflight_requests=3 * i, inflight_tokens=2500 * i, ttft_ewma_s=0.1, tpot_ewma_s=0.02,
-                    metrics_age_s=0.4)
+                    metrics_age_s=0.4, ttft_bias=1.1 + 0.05 * i, tpot_bias=0.9 + 0.04 * i)
         for i in range(8)
     )  # fmt: skip
-    policy = make_predictive(PolicyOptions(), ModelSlot(est), {v.name: profile_for(None, v.model, 4.0) for v in views})
+    profiles = {v.name: profile_for(None, v.model, 4.0) for v in views}
+    policy = make_predictive(PolicyOptions(latency_feedback=feedback), ModelSlot(est), profiles)
     wf = make_workflow("codegen", 1, 0)  # a coder step of the bench's workload: task, plan, instruction
     plan = wf.next_step()
     assert plan is not None
@@ -75,9 +77,12 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=5000)
     args = ap.parse_args()
     decide, text_work, words = setup(args.model)
+    without, _, _ = setup(args.model, feedback=False)
     kind = "Predictor" if args.model else "PriorPredictor"
     p50, p99 = timeit(decide, args.n)
     print(f"decision over 8 workers ({kind}): p50 {p50:.0f} us  p99 {p99:.0f} us")
+    p50, p99 = timeit(without, args.n)
+    print(f"  the same without latency feedback: p50 {p50:.0f} us  p99 {p99:.0f} us")
     p50, p99 = timeit(text_work, args.n // 5)
     print(f"per-request text features ({words} words): p50 {p50:.0f} us  p99 {p99:.0f} us")
 
