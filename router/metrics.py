@@ -59,6 +59,10 @@ class Metrics:
                                       ["backend"], registry=r)  # fmt: skip
         self.prediction_error = Histogram("chimera_prediction_error_ratio", "|predicted - actual| / actual.",
                                           ["target"], buckets=RATIO_BUCKETS, registry=r)  # fmt: skip
+        self.prediction_bias = Gauge("chimera_backend_prediction_bias",
+                                     "Observed / predicted TTFT or decode time on the worker's recent answers "
+                                     "(the predictive policy's latency feedback; 1 until seen).",
+                                     ["backend", "target"], registry=r)  # fmt: skip
         self.worker_failures = Counter("chimera_worker_failures_total", "Failed attempts on a worker, by kind.",
                                        ["backend", "kind"], registry=r)  # fmt: skip
         # Overload (router.admission, router.ratelimit)
@@ -117,6 +121,8 @@ class Metrics:
         for b in snapshot.backends:
             self.backend_healthy.labels(b.name).set(1.0 if b.healthy else 0.0)
             self.backend_inflight.labels(b.name).set(b.inflight_requests)
+            self.prediction_bias.labels(b.name, "ttft").set(b.ttft_bias)
+            self.prediction_bias.labels(b.name, "tpot").set(b.tpot_bias)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

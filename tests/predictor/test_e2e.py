@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from tests.conftest import ServerThread, make_config
 from tests.redisutil import SHARED_URL, redis_prefix
@@ -143,6 +144,10 @@ def test_predictive_learns_a_worker_slower_than_its_profile(sim_server: Start, g
                     for _ in raw.iter_lines():
                         pass
         fleet = {b["name"]: b for b in httpx.get(gw.url + "/fleet").json()["backends"]}
+        metrics = httpx.get(gw.url + "/metrics").text
+        for name, b in fleet.items():  # the same ratios on /metrics
+            line = f'chimera_backend_prediction_bias{{backend="{name}",target="tpot"}} '
+            assert float(metrics.split(line)[1].split()[0]) == pytest.approx(b["tpot_bias"], rel=0.01)
         return chosen, fleet
 
     chosen, fleet = run(True)
