@@ -46,6 +46,7 @@ from router.features import reserved_tokens
 from router.gateway import Gateway
 from router.requestlog import RequestRecord
 from router.sse import SSECutter
+from router.state.base import Feedback
 from router.types import BackendView, Decision, FleetSnapshot, RequestFeatures
 
 PASSED_HEADERS = ("content-type", "cache-control")  # worker response headers the client sees
@@ -66,6 +67,7 @@ class ProxyCall:
     # the policy's own (uncorrected) TTFT and decode-time-per-token predictions, seconds, for its first
     # choice: what that worker's timings are compared with (the views' ttft_bias / tpot_bias)
     predicted_timing: tuple[str, float | None, float | None] | None = None
+    sent_at: float = 0.0  # perf_counter() when the current attempt was sent to its worker
     degraded: str | None = None  # what admission control degraded (X-Chimera-Degraded), e.g. "max_tokens=256"
     _bodies: dict[str, bytes] = field(default_factory=dict)
 
@@ -122,7 +124,9 @@ class ProxyResponse:
         rec.predicted = dict(decision.predicted) or None
         p = decision.predicted
         call.predicted_output = p.get("output_tokens")
-        if decision.ranked and ("ttft_model_ms" in p or "tpot_model_ms" in p):
+        # (several choices share the stream's tokens: no decode time per token to compare)
+        single = (call.payload.get("n") or 1) == 1 and not call.payload.get("best_of")
+        if decision.ranked and single and ("ttft_model_ms" in p or "tpot_model_ms" in p):
             ttft, tpot = p.get("ttft_model_ms"), p.get("tpot_model_ms")
             call.predicted_timing = (decision.ranked[0], ttft and ttft / 1e3, tpot and tpot / 1e3)
         ranked = [n for n in dict.fromkeys(decision.ranked) if eligible.by_name(n) is not None]
@@ -152,6 +156,7 @@ class ProxyResponse:
                    "x-request-id": call.request_id}  # fmt: skip
         reservation = await gw.state.reserve(name, reserved_tokens(call.features, call.predicted_output))
         try:
+            call.sent_at = time.perf_counter()
             opened = await gw.workers.open(
                 backend, call.path, call.body_for(backend.model), headers, stream=call.features.stream
             )
@@ -246,8 +251,12 @@ class ProxyResponse:
         rec.outcome = "ok"
         timing = self.call.predicted_timing
         if timing is not None and timing[0] == opened.backend:
-            await gw.state.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s,
-                                         predicted_ttft_s=timing[1], predicted_tpot_s=timing[2])  # fmt: skip
+            # The worker's own TTFT (not the gateway's time before sending, nor an admission queue's), and
+            # only where the first token came before the end (an answer read in one piece has no TTFT of its own).
+            first = rec.ttft_s if rec.ttft_s is not None and rec.ttft_s < rec.e2e_s else None
+            ttft = None if first is None else first - (self.call.sent_at - rec.started)
+            feedback = Feedback(ttft, timing[1], rec.tpot_s, timing[2])
+            await gw.state.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s, feedback=feedback)
         else:
             await gw.state.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s)
 

@@ -35,6 +35,17 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class Feedback:
+    """A streamed answer's timings on its worker beside what the policy predicted for them at dispatch
+    (seconds; ``None`` where one side is missing): what the views' ``ttft_bias`` / ``tpot_bias`` follow."""
+
+    ttft_s: float | None  # the worker's own: from sending the request to the first token
+    predicted_ttft_s: float | None
+    tpot_s: float | None
+    predicted_tpot_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaLoad:
     """One gateway replica's reservations, as a shared state sees them (``/fleet``'s ``replicas``)."""
 
@@ -111,12 +122,10 @@ class FleetState(Protocol):
         *,
         ttft_s: float | None = None,
         tpot_s: float | None = None,
-        predicted_ttft_s: float | None = None,
-        predicted_tpot_s: float | None = None,
+        feedback: Feedback | None = None,
     ) -> None:
-        """Passive health: a proxied request's outcome (a worker failure or success) and timings, with
-        what the policy predicted for them at dispatch where it did (the views' ``ttft_bias`` and
-        ``tpot_bias`` follow how the predictions for each worker turn out)."""
+        """Passive health: a proxied request's outcome (a worker failure or success) and timings, and
+        how they compare with what the policy predicted for them where it did (``feedback``)."""
         ...
 
     def share_prefix(self, hashes: Sequence[int], backend: str) -> None:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from router.config import BackendConfig, HealthConfig
-from router.state.base import ReplicaLoad, Reservation, ScrapedMetrics, StateStats
+from router.state.base import Feedback, ReplicaLoad, Reservation, ScrapedMetrics, StateStats
 from router.state.buckets import TokenBuckets
 from router.state.table import AGE_RESOLUTION_S, EWMA_ALPHA, FleetTable
 from router.types import FleetSnapshot
@@ -98,10 +98,9 @@ class MemoryFleetState:
         *,
         ttft_s: float | None = None,
         tpot_s: float | None = None,
-        predicted_ttft_s: float | None = None,
-        predicted_tpot_s: float | None = None,
+        feedback: Feedback | None = None,
     ) -> None:
-        self._table.result(backend, ok, ttft_s, tpot_s, predicted_ttft_s, predicted_tpot_s)
+        self._table.result(backend, ok, ttft_s, tpot_s, feedback)
 
     # -- prefix index: no other gateway to tell --
 

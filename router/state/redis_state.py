@@ -51,7 +51,7 @@ from redis.exceptions import RedisError
 
 from router.config import BackendConfig, HealthConfig
 from router.state import redis_lua
-from router.state.base import ReplicaLoad, Reservation, ScrapedMetrics, StateStats
+from router.state.base import Feedback, ReplicaLoad, Reservation, ScrapedMetrics, StateStats
 from router.state.buckets import TokenBuckets
 from router.state.options import RedisOptions
 from router.state.table import FleetTable
@@ -223,10 +223,9 @@ class RedisFleetState:
         *,
         ttft_s: float | None = None,
         tpot_s: float | None = None,
-        predicted_ttft_s: float | None = None,
-        predicted_tpot_s: float | None = None,
+        feedback: Feedback | None = None,
     ) -> None:
-        self._table.result(backend, ok, ttft_s, tpot_s, predicted_ttft_s, predicted_tpot_s)
+        self._table.result(backend, ok, ttft_s, tpot_s, feedback)
 
     # -- sync --
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from router.config import BackendConfig, HealthConfig
-from router.state.base import ScrapedMetrics
+from router.state.base import Feedback, ScrapedMetrics
 from router.types import BackendView, FleetSnapshot
 
 log = logging.getLogger("router.state")
@@ -148,17 +148,10 @@ class FleetTable:
             log.info("worker %s re-admitted after %d good probes", rec.name, rec.consecutive_probe_successes)
 
     def result(
-        self,
-        backend: str,
-        ok: bool,
-        ttft_s: float | None,
-        tpot_s: float | None,
-        predicted_ttft_s: float | None = None,
-        predicted_tpot_s: float | None = None,
+        self, backend: str, ok: bool, ttft_s: float | None, tpot_s: float | None, feedback: Feedback | None = None
     ) -> None:
-        """Passive health: a proxied request's outcome and timings; with what the policy predicted
-        for them at dispatch, how far off the predictions for this worker run (``ttft_bias``,
-        ``tpot_bias``)."""
+        """Passive health: a proxied request's outcome and timings; with ``feedback``, how far off the
+        predictions for this worker run (``ttft_bias``, ``tpot_bias``)."""
         rec = self.touch(backend)
         if not ok:
             rec.consecutive_probe_successes = 0
@@ -169,11 +162,11 @@ class FleetTable:
         rec.probation, rec.repeat_ejections = False, 0
         rec.ttft_ewma_s = ewma(rec.ttft_ewma_s, ttft_s)
         rec.tpot_ewma_s = ewma(rec.tpot_ewma_s, tpot_s)
-        if predicted_ttft_s is not None or predicted_tpot_s is not None:
+        if feedback is not None:
             now = self.clock()
             fade = _fade(now - rec.bias_at) if rec.ttft_log_bias or rec.tpot_log_bias else 1.0
-            rec.ttft_log_bias = log_ratio_ewma(rec.ttft_log_bias * fade, ttft_s, predicted_ttft_s)
-            rec.tpot_log_bias = log_ratio_ewma(rec.tpot_log_bias * fade, tpot_s, predicted_tpot_s)
+            rec.ttft_log_bias = log_ratio_ewma(rec.ttft_log_bias * fade, feedback.ttft_s, feedback.predicted_ttft_s)
+            rec.tpot_log_bias = log_ratio_ewma(rec.tpot_log_bias * fade, feedback.tpot_s, feedback.predicted_tpot_s)
             rec.bias_at = now
 
     def _failure(self, rec: WorkerRecord, source: str) -> None:
@@ -204,12 +197,10 @@ _LN2 = math.log(2.0)
 
 def log_ratio_ewma(old: float, observed: float | None, predicted: float | None) -> float:
     """``old`` moved towards ``log(observed / predicted)`` (each sample clipped to ±log 4), or
-    ``old`` when either is missing or not a positive number."""
-    if not observed or not predicted or observed <= 0 or predicted <= 0:
+    ``old`` when either is missing or not a positive finite number."""
+    if observed is None or predicted is None or not (0.0 < observed < math.inf and 0.0 < predicted < math.inf):
         return old
-    r = math.log(observed / predicted)
-    if not math.isfinite(r):
-        return old
+    r = math.log(observed) - math.log(predicted)
     return old + EWMA_ALPHA * (max(-_SAMPLE_LOG_LIMIT, min(_SAMPLE_LOG_LIMIT, r)) - old)
 
 

@@ -259,36 +259,45 @@ async def test_latency_ewma(state: FleetState) -> None:
 async def test_prediction_bias_follows_observed_over_predicted(state: FleetState) -> None:
     import math
 
+    from router.state.base import Feedback
+
+    def fb(ttft: float | None, pttft: float | None, tpot: float | None, ptpot: float | None) -> Feedback:
+        return Feedback(ttft, pttft, tpot, ptpot)
+
     a = view(state, "a")
     assert (a.ttft_bias, a.tpot_bias) == (1.0, 1.0)
     await state.record_result("a", True, ttft_s=0.2, tpot_s=0.02)  # no prediction: no bias
     assert (view(state, "a").ttft_bias, view(state, "a").tpot_bias) == (1.0, 1.0)
-    await state.record_result("a", True, ttft_s=0.2, tpot_s=0.02, predicted_ttft_s=0.1, predicted_tpot_s=0.02)
+    await state.record_result("a", True, ttft_s=0.3, tpot_s=0.02, feedback=fb(0.2, 0.1, 0.02, 0.02))
     a = view(state, "a")
     assert a.ttft_bias == pytest.approx(math.exp(0.2 * math.log(2.0))) and a.tpot_bias == 1.0
+    assert a.ttft_ewma_s == pytest.approx(0.22)  # the EWMAs keep the gateway's own TTFT
     for _ in range(60):  # a worker twice as slow as predicted, every time
-        await state.record_result("a", True, ttft_s=0.2, tpot_s=0.04, predicted_ttft_s=0.1, predicted_tpot_s=0.02)
+        await state.record_result("a", True, feedback=fb(0.2, 0.1, 0.04, 0.02))
     a = view(state, "a")
     assert a.ttft_bias == pytest.approx(2.0, rel=1e-3) and a.tpot_bias == pytest.approx(2.0, rel=1e-3)
     assert view(state, "b").tpot_bias == 1.0  # per worker
-    await state.record_result("a", False, ttft_s=9.0, predicted_ttft_s=0.1)  # failures carry no timing
-    await state.record_result("a", True, tpot_s=0.04, predicted_tpot_s=0.0)  # nothing to compare with
+    await state.record_result("a", False, feedback=fb(9.0, 0.1, None, None))  # failures carry no timing
+    for bad in (fb(None, 0.1, 0.04, 0.0), fb(0.0, 0.1, 0.04, math.inf), fb(-1.0, 10.0, math.nan, 0.02)):
+        await state.record_result("a", True, feedback=bad)  # nothing to compare: no change, no error
     assert view(state, "a").ttft_bias == pytest.approx(2.0, rel=1e-3)
+    assert view(state, "a").tpot_bias == pytest.approx(2.0, rel=1e-3)
     for _ in range(200):  # one request counts as at most 4x; the view carries at most 2.5x
-        await state.record_result("a", True, ttft_s=100.0, tpot_s=1e-9, predicted_ttft_s=0.1, predicted_tpot_s=0.02)
+        await state.record_result("a", True, feedback=fb(100.0, 0.1, 1e-9, 0.02))
     a = view(state, "a")
     assert a.ttft_bias == pytest.approx(2.5) and a.tpot_bias == pytest.approx(1 / 2.5)
 
 
 async def test_prediction_bias_fades_without_new_evidence(state: FleetState, clock: FakeClock) -> None:
+    from router.state.base import Feedback
     from router.state.table import BIAS_HALF_LIFE_S
 
     for _ in range(60):
-        await state.record_result("a", True, tpot_s=0.04, predicted_tpot_s=0.02)
+        await state.record_result("a", True, feedback=Feedback(None, None, 0.04, 0.02))
     assert view(state, "a").tpot_bias == pytest.approx(2.0, rel=1e-3)
     clock.now += BIAS_HALF_LIFE_S
     assert view(state, "a").tpot_bias == pytest.approx(2.0**0.5, rel=1e-3)  # half the log-ratio left
-    await state.record_result("a", True, tpot_s=0.02, predicted_tpot_s=0.02)  # the faded value is the EWMA's start
+    await state.record_result("a", True, feedback=Feedback(None, None, 0.02, 0.02))  # the faded value is the start
     assert view(state, "a").tpot_bias == pytest.approx(2.0 ** (0.5 * 0.8), rel=1e-3)
     clock.now += 100 * BIAS_HALF_LIFE_S
     assert view(state, "a").tpot_bias == pytest.approx(1.0)
