@@ -51,6 +51,7 @@ class Completion:
     output_tokens: int | None
     difficulty: float | None
     seed: int | None
+    random_sampling: bool = False  # temperature > 0 (absent: vLLM's default 1.0), so not a greedy argmax
 
 
 def parse_completion(
@@ -123,7 +124,22 @@ def parse_completion(
         output_tokens=output_tokens,
         difficulty=None if difficulty is None else float(difficulty),
         seed=_opt_int(req, "seed", None),
+        random_sampling=_random_sampling(req.get("temperature")),
     )
+
+
+#: vLLM's threshold below which a temperature means greedy sampling (``_SAMPLING_EPS``).
+SAMPLING_EPS = 1e-5
+
+
+def _random_sampling(temperature: Any) -> bool:
+    """Whether vLLM samples at random: a temperature of at least 1e-5, or none given (the server's default,
+    1.0 for a model without a generation config, as the H200 test models)."""
+    if temperature is None:
+        return True
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
+        raise ApiError(400, "temperature must be a non-negative number", "temperature")
+    return temperature >= SAMPLING_EPS
 
 
 def _prompt(prompt: Any, tokenizer: Tokenizer) -> tuple[str, list[int]]:

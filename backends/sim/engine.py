@@ -48,6 +48,7 @@ class Request:
         "last_token",
         "marker_at",
         "marker_index",
+        "min_tokens",
         "notify_each",
         "num_cached_blocks",
         "num_computed",
@@ -55,6 +56,7 @@ class Request:
         "prompt_ids",
         "prompt_len",
         "queued_at",
+        "random",
         "request_id",
         "status",
         "waiter",
@@ -70,8 +72,11 @@ class Request:
         min_tokens: int = 0,
         ignore_eos: bool = False,
         arrival: float = 0.0,
+        random: bool = False,
     ) -> None:
         self.request_id = request_id
+        self.random = random  # samples at random (temperature > 0), not by a greedy argmax
+        self.min_tokens = min_tokens
         self.prompt_ids = prompt_ids
         self.prompt_len = len(prompt_ids)
         self.output: list[int] = []  # vocabulary indices of the generated words
@@ -178,7 +183,9 @@ class Engine:
         self.running: list[Request] = []
         self.stats = EngineStats()
         self._wake = asyncio.Event()
-        self._ttft_overhead = profile.ttft_overhead_s / speedup
+        # overhead_s.sim_http, the sim's own HTTP cost that the fit took off the measured constant, is wall time, so a
+        # speedup x does not scale it: add back the (1/x - 1) of it that a run at x < 1 would otherwise miss
+        self._ttft_overhead = max(0.0, profile.ttft_overhead_s / speedup + profile.sim_http_s * (1.0 / speedup - 1.0))
         self._gpu_share = profile.gpu_share
         cg = profile.cudagraph
         # steps scheduling more than this many tokens run without CUDA graphs (0: no limit)
@@ -191,6 +198,7 @@ class Engine:
         self._fe_token = fe.per_prompt_token / speedup if fe is not None else 0.0
         self._fe_free = float("-inf")  # when the serial front end is next free (loop clock)
         self._async = profile.async_scheduling
+        self._sampling = profile.sampling
         # the previous step's (start, end): under async scheduling a step that follows it back to back
         # was scheduled when it started, so it admits only requests queued by then
         self._prev = (float("-inf"), float("-inf"))
@@ -317,11 +325,31 @@ class Engine:
             )
             tokens = self.max_num_batched_tokens - budget
             batch.gpu = seconds * self._gpu_share / self.speedup
-            if self._graph_max and tokens > self._graph_max:
+            eager = bool(self._graph_max) and tokens > self._graph_max
+            if eager:
                 floor = self._eager_floor
                 seconds = (seconds if seconds > floor else floor) + self._eager_extra + self._eager_per_token * tokens
+            if self._sampling is not None:
+                seconds = self._with_sampling(seconds, reqs, eager)
             batch.duration = seconds / self.speedup
         return batch
+
+    def _with_sampling(self, seconds: float, reqs: list[Request], eager: bool) -> float:
+        """The step's length with the sampler's extra CPU work for its non-greedy requests (``Sampling``): vLLM
+        launches the sampler's kernels after the model's, on the CPU, while the GPU runs, so the work costs time
+        only beyond the step's own CPU time (a step inside the CUDA graphs: ``cpu_base + cpu_per_seq * n``; an
+        eager step is launch-bound, and a profile without ``cpu_base`` CPU-bound: all of it)."""
+        s = self._sampling
+        assert s is not None
+        cost = 0.0
+        if s.random and any(r.random for r in reqs):
+            cost += s.random
+        if s.min_tokens and any(len(r.output) < r.min_tokens for r in reqs):
+            cost += s.min_tokens
+        if not cost:
+            return seconds
+        cpu = seconds if s.cpu_base is None or eager else s.cpu_base + s.cpu_per_seq * len(reqs)
+        return cpu + cost if cpu + cost > seconds else seconds
 
     def _admit_by(self, now: float, busy: bool) -> float:
         """The latest queue time a request may have to join the step scheduled at ``now``.

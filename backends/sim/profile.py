@@ -68,6 +68,23 @@ class Frontend:
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """CPU work of vLLM's sampler beyond a greedy argmax, per step (``sampling_s`` in the JSON).
+
+    A step pays ``random`` when any request it schedules samples at random (temperature > 0, or absent: vLLM's
+    default 1.0) and ``min_tokens`` when any is still short of its ``min_tokens``. The work is the engine's CPU
+    (kernel launches and Python in the sampler), which vLLM overlaps with the GPU's: the step lasts
+    ``max(step, cpu + cost)``, where ``cpu`` is ``cpu_base + cpu_per_seq * requests`` for a step inside the CUDA
+    graphs and the whole step otherwise (``cpu_base`` absent: a CPU-bound engine, which pays the cost in full).
+    """
+
+    random: float = 0.0
+    min_tokens: float = 0.0
+    cpu_base: float | None = None
+    cpu_per_seq: float = 0.0
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     model: str
@@ -92,6 +109,13 @@ class Profile:
     #: schedules step N+1 while step N runs, so a request that reaches a busy engine's queue during
     #: step N is first scheduled in step N+2 (one step later than a synchronous scheduler).
     async_scheduling: bool = False
+    #: The sampler's extra CPU work for non-greedy requests (``Sampling``); None: every request costs the same.
+    sampling: Sampling | None = None
+    #: The simulated worker's own HTTP/SSE cost per first token (wall seconds, on the development box) that the
+    #: fit took off the measured client-side TTFT constant (``overhead_s.sim_http``). Being wall time, it does
+    #: not shrink with ``speedup``: at speedup x the engine adds ``(1/x - 1) * sim_http`` so that the client
+    #: still sees the measured constant in modelled (H200) time.
+    sim_http_s: float = 0.0
 
 
 def available_profiles() -> list[str]:
@@ -126,7 +150,7 @@ def parse_profile(raw: Any, source: str = "<profile>") -> Profile:
         if unknown:
             raise ProfileError(f"profile {source}: unknown step_time_s key(s) {', '.join(unknown)}")
         coefs = {k: _number(source, f"step_time_s.{k}", v, minimum=0.0) for k, v in steps.items()}
-        overhead = _section(source, raw, "overhead_s", ("ttft",))
+        overhead = _section(source, raw, "overhead_s", ("ttft", "sim_http"))
         quality = _number(source, "quality", raw["quality"], minimum=0.0)
         if quality > 1.0:
             raise ProfileError(f"profile {source}: quality must be in [0, 1], got {quality}")
@@ -148,6 +172,8 @@ def parse_profile(raw: Any, source: str = "<profile>") -> Profile:
             gpu_share=_share(source, raw.get("gpu_share", 1.0)),
             tokenizer=_tokenizer(source, raw),
             async_scheduling=_flag(source, "async_scheduling", raw.get("async_scheduling", False)),
+            sampling=_sampling(source, raw),
+            sim_http_s=_number(source, "overhead_s.sim_http", overhead.get("sim_http", 0.0), minimum=0.0),
         )
     except KeyError as exc:
         raise ProfileError(f"profile {source}: missing key {exc.args[0]!r}") from exc
@@ -184,6 +210,19 @@ def _cudagraph(source: str, raw: dict[str, Any]) -> CudaGraph | None:
         eager_per_token_s=_number(
             source, "cudagraph.eager_per_token_s", sec.get("eager_per_token_s", 0.0), minimum=0.0
         ),
+    )
+
+
+def _sampling(source: str, raw: dict[str, Any]) -> Sampling | None:
+    if "sampling_s" not in raw:
+        return None
+    sec = _section(source, raw, "sampling_s", ("random", "min_tokens", "cpu_base", "cpu_per_seq"))
+    num = {k: _number(source, f"sampling_s.{k}", v, minimum=0.0) for k, v in sec.items()}
+    return Sampling(
+        random=num.get("random", 0.0),
+        min_tokens=num.get("min_tokens", 0.0),
+        cpu_base=num.get("cpu_base"),
+        cpu_per_seq=num.get("cpu_per_seq", 0.0),
     )
 
 

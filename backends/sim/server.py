@@ -144,7 +144,14 @@ class SimApp:
         key = c.prompt_text if c.seed is None else f"{c.seed}\x00{c.prompt_text}"
         answer = draw_answer(self.settings.seed, self.model, key, self.profile.quality, c.output_tokens, c.difficulty)
         req = Request(
-            api.new_id(c.chat), c.prompt_ids, answer, c.max_tokens, c.min_tokens, c.ignore_eos, arrival=loop.time()
+            api.new_id(c.chat),
+            c.prompt_ids,
+            answer,
+            c.max_tokens,
+            c.min_tokens,
+            c.ignore_eos,
+            arrival=loop.time(),
+            random=c.random_sampling,
         )
         req.notify_each = c.stream
         watcher = asyncio.create_task(self._abort_on_disconnect(req, receive))

@@ -5,6 +5,7 @@
     python scripts/calibrate/colocate.py fit colocate.json
     python scripts/calibrate/colocate.py compare colocate.json colocate-sim.json --sim-speedup 0.25
     python scripts/calibrate/colocate.py probe --alone --sampling greedy,bench --batches 1,8 --out alone.json ...
+    python scripts/calibrate/colocate.py probe --alone --sampling greedy,temp,mintok,bench --rounds 2 ...
 
 For each batch size and each subset of the workers (each alone, every pair, all), ``batch`` closed-loop
 users per worker of the subset send non-streamed ``--tokens``-token completions (``ignore_eos``) of a
@@ -14,7 +15,10 @@ its TPOT. ``--alone``: only the phases with one worker busy (its decode step on 
 ``--sampling greedy,bench`` runs the phases once per request kind: ``greedy`` (the default; temperature 0, as the
 calibration probes) and ``bench`` (what the bench sends through backends/simfields.py: no temperature, so the
 server's default 1.0 and random sampling, and ``min_tokens = max_tokens``); a phase run with ``bench`` carries
-``"sampling": "bench"``. Same boot, same batch: the difference is the cost of the bench's sampling parameters.
+``"sampling": "bench"``. Same boot, same batch: the difference is the cost of the bench's sampling parameters;
+``temp`` and ``mintok`` carry one half of it each, ``topp`` adds vLLM's top-p sort
+(``scripts/calibrate/fit_sampling.py`` fits the profiles' ``sampling_s`` from them). ``--rounds N`` repeats
+each batch's phases N times, every other round in reverse order (drift within a boot then hits every kind alike).
 
 `fit` explains those TPOTs with the time-slice model of `backends/sim/gpu.py`: each worker's step alone
 (its TPOT alone) is CPU work (scheduler, sampler, launches; not shared) followed by GPU work (a share ``g`` of
@@ -42,14 +46,24 @@ def _prompt(n: int, rng: random.Random) -> str:
     return " ".join(f"w{rng.randint(3, 150000)}" for _ in range(n))
 
 
-SAMPLING = {"greedy": {"temperature": 0.0}, "bench": {}}  # bench: min_tokens too (below)
+# Request kinds (--sampling): the body's sampling fields, and whether it asks for min_tokens = max_tokens.
+# bench: what the bench's requests reach real vLLM with (no temperature: the server's 1.0; min_tokens from
+# backends/simfields.py); temp / mintok: one half of it each; topp: random sampling through vLLM's top-p sort.
+SAMPLING: dict[str, tuple[dict[str, float], bool]] = {
+    "greedy": ({"temperature": 0.0}, False),
+    "bench": ({}, True),
+    "temp": ({"temperature": 1.0}, False),
+    "mintok": ({"temperature": 0.0}, True),
+    "topp": ({"temperature": 1.0, "top_p": 0.9}, False),
+}
 
 
 async def _loop(c: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int, sampling: str = "greedy") -> None:
     """One closed-loop user: non-streamed completions back to back (the client reads one body per request,
     so a slow client cannot pace the server's output)."""
-    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "ignore_eos": True, **SAMPLING[sampling]}
-    if sampling == "bench":
+    fields, min_tokens = SAMPLING[sampling]
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "ignore_eos": True, **fields}
+    if min_tokens:
         body["min_tokens"] = tokens
     while True:
         (await c.post(url + "/v1/completions", json=body)).raise_for_status()
@@ -274,16 +288,25 @@ async def probe(args: argparse.Namespace) -> list[dict[str, Any]]:
     samplings = args.sampling.split(",")
     if unknown := set(samplings) - set(SAMPLING):
         raise SystemExit(f"--sampling: unknown {sorted(unknown)} (one of {', '.join(SAMPLING)})")
-    phases = []
+    phases: list[dict[str, Any]] = []
     for m in names:  # warm each once (graph capture is done at start-up; this fills the allocator)
         await phase(workers, (m,), 2, 64, 16, rng, settle_s=0.5, measure_s=0.5)
     for b in (int(x) for x in args.batches.split(",")):
-        for s in subsets:
-            for sampling in samplings:  # back to back, so a boot's drift hits both alike
-                p = await phase(workers, s, b, args.prompt, args.tokens, rng, sampling=sampling)
-                phases.append(p)
-                print(json.dumps(p), flush=True)
+        for r in range(args.rounds):
+            for s in subsets:
+                # back to back, so a boot's drift hits every kind alike; every other round in reverse order
+                for sampling in samplings if r % 2 == 0 else samplings[::-1]:
+                    p = await phase(workers, s, b, args.prompt, args.tokens, rng, settle_s=args.settle_s,
+                                    measure_s=args.measure_s, sampling=sampling)  # fmt: skip
+                    phases.append(p | ({"round": r} if args.rounds > 1 else {}))
+                    print(json.dumps(phases[-1]), flush=True)
+                    _write(args, phases)  # after every phase: a run cut short by a timeout keeps what it measured
     return phases
+
+
+def _write(args: argparse.Namespace, phases: list[dict[str, Any]]) -> None:
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump({"prompt": args.prompt, "tokens": args.tokens, "phases": phases}, f, indent=1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,9 +322,13 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument(
         "--sampling",
         default="greedy",
-        help="comma-separated: greedy (temperature 0), bench (the "
-        "server's default temperature and min_tokens = max_tokens, as the bench's requests)",
+        help="comma-separated: greedy (temperature 0), bench (the server's default temperature and min_tokens = "
+        "max_tokens, as the bench's requests), temp (temperature 1), mintok (temperature 0 + min_tokens), "
+        "topp (temperature 1, top_p 0.9)",
     )
+    pr.add_argument("--rounds", type=int, default=1, help="each batch's phases this many times (alternate order)")
+    pr.add_argument("--settle-s", type=float, default=1.5, help="seconds of load before each measurement")
+    pr.add_argument("--measure-s", type=float, default=3.0, help="seconds each phase is measured over")
     pr.add_argument("--out", required=True)
     ft = sub.add_parser("fit", help="time-slice model (timeslice, switch cost, GPU share per worker) from a probe")
     ft.add_argument("file")
@@ -341,9 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"median |Δ| {100 * e[len(e) // 2]:.0f}%")  # fmt: skip
         return 0
     if args.cmd == "probe":
-        phases = asyncio.run(probe(args))
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump({"prompt": args.prompt, "tokens": args.tokens, "phases": phases}, f, indent=1)
+        _write(args, asyncio.run(probe(args)))
         return 0
     with open(args.file, encoding="utf-8") as f:
         phases = json.load(f)["phases"]

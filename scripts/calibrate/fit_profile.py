@@ -321,15 +321,16 @@ def fit_frontend(prof: dict, runs: list[dict]) -> float:
 
 
 def keep_fitted_elsewhere(prof: dict, shipped: Path) -> None:
-    """Carry over what other scripts fit into the shipped profile (``gpu_share``: colocate.py fit), which this
-    fit does not touch."""
+    """Carry over what other scripts fit into the shipped profile (``gpu_share``: colocate.py fit; ``sampling_s``:
+    fit_sampling.py), which this fit does not touch."""
     if not shipped.exists():
         return
     old = json.loads(shipped.read_text())
-    if "gpu_share" in old:
-        prof["gpu_share"] = old["gpu_share"]
-        if "gpu_share" in old.get("provenance", {}):
-            prof["provenance"]["gpu_share"] = old["provenance"]["gpu_share"]
+    for key, prov in (("gpu_share", "gpu_share"), ("sampling_s", "sampling")):
+        if key in old:
+            prof[key] = old[key]
+            if prov in old.get("provenance", {}):
+                prof["provenance"][prov] = old["provenance"][prov]
 
 
 def main() -> None:
@@ -429,6 +430,7 @@ def main() -> None:
         fe = fit_frontend(prof, runs)
         prof["frontend_s"]["per_request"] = g(fe)
         prof["overhead_s"]["ttft"] = g(max(0.0, c["ovh_ttft"] - sim_http - fe))
+        prof["overhead_s"]["sim_http"] = sim_http  # wall time: the sim adds back what a speedup < 1 shrinks of it
         print(f"  frontend: per_request {fe * 1e3:.2f} ms (256-request burst), "
               f"per_prompt_token {k * 1e6:.2f} us; overhead_s.ttft {prof['overhead_s']['ttft'] * 1e3:.2f} ms")
         prof.update({
