@@ -124,9 +124,7 @@ class ProxyResponse:
         rec.predicted = dict(decision.predicted) or None
         p = decision.predicted
         call.predicted_output = p.get("output_tokens")
-        # (several choices share the stream's tokens: no decode time per token to compare)
-        single = (call.payload.get("n") or 1) == 1 and not call.payload.get("best_of")
-        if decision.ranked and single and ("ttft_model_ms" in p or "tpot_model_ms" in p):
+        if ("ttft_model_ms" in p or "tpot_model_ms" in p) and decision.ranked and _single_choice(call.payload):
             ttft, tpot = p.get("ttft_model_ms"), p.get("tpot_model_ms")
             call.predicted_timing = (decision.ranked[0], ttft and ttft / 1e3, tpot and tpot / 1e3)
         ranked = [n for n in dict.fromkeys(decision.ranked) if eligible.by_name(n) is not None]
@@ -249,16 +247,21 @@ class ProxyResponse:
         if rec.completion_tokens is None:
             rec.completion_tokens = cutter.content_events(opening_event=self.call.features.endpoint == "chat")
         rec.outcome = "ok"
-        timing = self.call.predicted_timing
-        if timing is not None and timing[0] == opened.backend:
-            # The worker's own TTFT (not the gateway's time before sending, nor an admission queue's), and
-            # only where the first token came before the end (an answer read in one piece has no TTFT of its own).
-            first = rec.ttft_s if rec.ttft_s is not None and rec.ttft_s < rec.e2e_s else None
-            ttft = None if first is None else first - (self.call.sent_at - rec.started)
-            feedback = Feedback(ttft, timing[1], rec.tpot_s, timing[2])
-            await gw.state.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s, feedback=feedback)
-        else:
-            await gw.state.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s)
+        await gw.state.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s,
+                                     feedback=self._feedback(opened.backend))  # fmt: skip
+
+    def _feedback(self, backend: str) -> Feedback | None:
+        """The streamed answer's timings beside the policy's predictions, where it predicted them for
+        ``backend``. TTFT is the worker's own (not the gateway's time before sending, nor an admission
+        queue's), and only where the first token came before the end (an answer read in one piece has
+        no TTFT of its own)."""
+        call, rec = self.call, self.call.record
+        timing = call.predicted_timing
+        if timing is None or timing[0] != backend:
+            return None
+        first = rec.ttft_s if rec.ttft_s is not None and rec.e2e_s is not None and rec.ttft_s < rec.e2e_s else None
+        ttft = None if first is None else first - (call.sent_at - rec.started)
+        return Feedback(ttft, timing[1], rec.tpot_s, timing[2])
 
 
 async def run_until_disconnect(
@@ -339,6 +342,12 @@ def _usage_of(body: bytes, backend: str) -> dict[str, Any]:
         raise WorkerProtocolError(f"worker {backend} answered a body that is not JSON", backend=backend) from exc
     usage = data.get("usage") if isinstance(data, dict) else None
     return usage if isinstance(usage, dict) else {}
+
+
+def _single_choice(payload: dict[str, Any]) -> bool:
+    """One answer per request (no ``n`` > 1, no ``best_of``): several share a stream's tokens, so its
+    decode time per token is no worker's."""
+    return (payload.get("n") or 1) == 1 and not payload.get("best_of")
 
 
 def _int(v: Any) -> int | None:

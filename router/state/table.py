@@ -164,7 +164,7 @@ class FleetTable:
         rec.tpot_ewma_s = ewma(rec.tpot_ewma_s, tpot_s)
         if feedback is not None:
             now = self.clock()
-            fade = _fade(now - rec.bias_at) if rec.ttft_log_bias or rec.tpot_log_bias else 1.0
+            fade = _fade(rec, now)
             rec.ttft_log_bias = log_ratio_ewma(rec.ttft_log_bias * fade, feedback.ttft_s, feedback.predicted_ttft_s)
             rec.tpot_log_bias = log_ratio_ewma(rec.tpot_log_bias * fade, feedback.tpot_s, feedback.predicted_tpot_s)
             rec.bias_at = now
@@ -204,8 +204,11 @@ def log_ratio_ewma(old: float, observed: float | None, predicted: float | None) 
     return old + EWMA_ALPHA * (max(-_SAMPLE_LOG_LIMIT, min(_SAMPLE_LOG_LIMIT, r)) - old)
 
 
-def _fade(age_s: float) -> float:
-    return math.exp(-_LN2 * max(0.0, age_s) / BIAS_HALF_LIFE_S)
+def _fade(r: WorkerRecord, now: float) -> float:
+    """How much of ``r``'s log biases is left at ``now`` (half-life ``BIAS_HALF_LIFE_S``)."""
+    if not (r.ttft_log_bias or r.tpot_log_bias):
+        return 1.0
+    return math.exp(-_LN2 * max(0.0, now - r.bias_at) / BIAS_HALF_LIFE_S)
 
 
 def _bias(log_bias: float, fade: float) -> float:
@@ -214,7 +217,7 @@ def _bias(log_bias: float, fade: float) -> float:
 
 def _build(r: WorkerRecord, now: float) -> BackendView:
     m = r.metrics
-    fade = _fade(now - r.bias_at) if r.ttft_log_bias or r.tpot_log_bias else 1.0
+    fade = _fade(r, now)
     r.view = BackendView(
         name=r.name,
         model=r.model,
