@@ -6,9 +6,11 @@
 # On the lent machine (see ../shared/gpu/README.md; vLLM itself is not needed, only its small deps):
 #   git archive HEAD -o .gpu/head.tar            # the committed tree, nothing uncommitted
 #   mkdir -p .gpu/logs && cp logs/collect-*/logs/requests-*.jsonl .gpu/logs/   # training logs (optional)
-#   run, carry [.gpu/b, .gpu/bin, .gpu/c, .gpu/head.tar, .gpu/logs]:
-#     bash .gpu/bin/setup.sh; mkdir -p /tmp/head && tar -xf .gpu/head.tar -C /tmp/head && \
-#       ln -sfn $PWD/.gpu /tmp/head/.gpu && cd /tmp/head && bash scripts/host_cpu_bench.sh
+#   .gpu/c as for scripts/h200_validate.sh; .gpu/cpu: from .gpu/a/deps, the wheels of starlette, uvicorn, pydantic(-core),
+#   openai, httpx2, httpcore2, httptools, anyio and their small deps (the image has numpy, scikit-learn, httpx, pyyaml)
+#   run, carry [.gpu/cpu, .gpu/c, .gpu/head.tar, .gpu/logs]:
+#     mkdir -p /tmp/head && tar -xf .gpu/head.tar -C /tmp/head && ln -sfn $PWD/.gpu /tmp/head/.gpu && \
+#       cd /tmp/head && bash scripts/host_cpu_bench.sh
 # Locally (any Linux host with the venv active): bash scripts/host_cpu_bench.sh
 # Knobs: OUT (default /tmp/host-out), SEEDS ("0 1 2"), RATES (200,500,1000), PARTS ("overhead cpu decision").
 # Writes $OUT/host.txt (CPU model, load), overhead-s*/results.json, gateway_cpu.txt, decision-*.txt.
@@ -17,10 +19,13 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}:/tmp/site PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 OUT=${OUT:-/tmp/host-out}; mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-if ls .gpu/c/*.whl > /dev/null 2>&1 && [ -d /tmp/site ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/c/*.whl 2>&1 \
-    | grep -v "Target directory" | tail -2
-fi
+for w in .gpu/cpu .gpu/c; do  # carried wheels (the lent machine has no network): our deps the image lacks
+  if ls $w/*.whl > /dev/null 2>&1; then
+    mkdir -p /tmp/site
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $w/*.whl 2>&1 \
+      | grep -v "Target directory" | tail -2
+  fi
+done
 { date -u; $PY --version; nproc; grep -m1 "model name" /proc/cpuinfo; uptime; git log -1 --format=%H 2>/dev/null || true; } \
   > "$OUT/host.txt"
 cat "$OUT/host.txt"
