@@ -7,13 +7,14 @@
 #   git archive HEAD -o .gpu/head.tar            # the committed tree, nothing uncommitted
 #   mkdir -p .gpu/logs && cp logs/collect-*/logs/requests-*.jsonl .gpu/logs/   # training logs (optional)
 #   .gpu/c as for scripts/h200_validate.sh; .gpu/cpu: from .gpu/a/deps, the wheels of starlette, uvicorn, pydantic(-core),
-#   openai, httpx2, httpcore2, httptools, anyio and their small deps (the image has numpy, scikit-learn, httpx, pyyaml)
+#   openai, httpx2, httpcore2 (+ truststore), httptools, anyio and their small deps (the image has numpy, scikit-learn, httpx, pyyaml)
 #   run, carry [.gpu/cpu, .gpu/c, .gpu/head.tar, .gpu/logs]:
 #     mkdir -p /tmp/head && tar -xf .gpu/head.tar -C /tmp/head && ln -sfn $PWD/.gpu /tmp/head/.gpu && \
 #       cd /tmp/head && bash scripts/host_cpu_bench.sh
 # Locally (any Linux host with the venv active): bash scripts/host_cpu_bench.sh
 # Knobs: OUT (default /tmp/host-out), SEEDS ("0 1 2"), RATES (200,500,1000), PARTS ("overhead cpu decision").
-# Writes $OUT/host.txt (CPU model, load), overhead-s*/results.json, gateway_cpu.txt, decision-*.txt.
+# Writes $OUT/host.txt (CPU model, load) and $OUT/host-cpu-bench.tgz: overhead-s*/results.json, gateway_cpu.txt,
+# decision-*.txt.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}:/tmp/site PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
@@ -26,7 +27,7 @@ for w in .gpu/cpu .gpu/c; do  # carried wheels (the lent machine has no network)
       | grep -v "Target directory" | tail -2
   fi
 done
-{ date -u; $PY --version; nproc; grep -m1 "model name" /proc/cpuinfo; uptime; git log -1 --format=%H 2>/dev/null || true; } \
+{ date -u; $PY --version; echo "cores: $(env -u OMP_NUM_THREADS nproc) (affinity: $(taskset -pc $$ 2>/dev/null | cut -d: -f2))"; grep -m1 "model name" /proc/cpuinfo; uptime; git log -1 --format=%H 2>/dev/null || true; } \
   > "$OUT/host.txt"
 cat "$OUT/host.txt"
 for part in ${PARTS:-overhead cpu decision}; do
@@ -48,3 +49,7 @@ for part in ${PARTS:-overhead cpu decision}; do
   esac
 done
 uptime >> "$OUT/host.txt"
+# one archive: the lent machine brings back only a few files per call
+(cd "$OUT" && tar -czf host-cpu-bench.tgz --exclude='*.prof' --exclude=host-cpu-bench.tgz . && \
+  find . -mindepth 1 -maxdepth 1 ! -name host-cpu-bench.tgz ! -name host.txt -exec rm -rf {} +)
+ls -la "$OUT"
