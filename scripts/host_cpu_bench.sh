@@ -50,6 +50,6 @@ for part in ${PARTS:-overhead cpu decision}; do
 done
 uptime >> "$OUT/host.txt"
 # one archive: the lent machine brings back only a few files per call
-(cd "$OUT" && tar -czf host-cpu-bench.tgz --exclude='*.prof' --exclude=host-cpu-bench.tgz . && \
-  find . -mindepth 1 -maxdepth 1 ! -name host-cpu-bench.tgz ! -name host.txt -exec rm -rf {} +)
+(cd "$OUT" && tar -czf host-cpu-bench.tgz --warning=no-file-changed --exclude='*.prof' --exclude=host-cpu-bench.tgz \
+  overhead-s* ./*.txt; find . -mindepth 1 -maxdepth 1 -name 'overhead-s*' -exec rm -rf {} +)
 ls -la "$OUT"
