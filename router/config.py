@@ -147,6 +147,9 @@ class PolicyOptions(_Frozen):
     # predictive: what a wrong answer costs the workflow (its retry), in modelled seconds like the SLOs;
     # the policy takes the least e2e + P(wrong) x this (0: Chimera's slack rule alone)
     wrong_answer_s: Annotated[float, Field(ge=0)] = 2.0
+    # predictive: added to wrong_answer_s per stage of the request's workflow (x-workflow-stage, capped at 16):
+    # a wrong answer late in a workflow costs more (more done work rides on it, fewer retries are left)
+    wrong_answer_stage_s: Annotated[float, Field(ge=0)] = 0.0
     # predictive: scale each worker's predicted TTFT and decode time by how its recent requests ran
     # against their predictions (observed / predicted, an EWMA kept by the gateway; 1 until seen)
     latency_feedback: bool = True

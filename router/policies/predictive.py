@@ -9,9 +9,12 @@ rule is SLA-aware and difficulty-aware: among the workers predicted to meet the 
 the workflow (``wrong_answer_s``, modelled seconds: the check that catches it, a retry round, the
 risk that the task fails). With a per-prompt quality model this sends easy steps to fast small
 models and hard ones to capable models — Chimera's slack rule, with the slack set by how much better
-the capable model is *on this prompt*. ``wrong_answer_s: 0`` gives Chimera's plain rule
-(the most capable within ``latency_slack`` x the fastest's p90 e2e). If nobody meets the SLA, the
-least predicted lateness wins. The rest of the ranking (retry fallbacks) follows the same order.
+the capable model is *on this prompt*. ``wrong_answer_stage_s`` adds that much per stage of the
+request's workflow (``x-workflow-stage``): a wrong answer late in a workflow costs more, since more
+finished work rides on it and fewer retries are left. ``wrong_answer_s: 0`` (and no stage term)
+gives Chimera's plain rule (the most capable within ``latency_slack`` x the fastest's p90 e2e). If
+nobody meets the SLA, the least predicted lateness wins. The rest of the ranking (retry fallbacks)
+follows the same order.
 
 Online feedback (``latency_feedback``, on by default): before ranking, each worker's predicted TTFT
 is multiplied by its view's ``ttft_bias`` and the decode part of its e2e (and its TPOT) by its
@@ -43,6 +46,8 @@ from predictor.model import ModelSlot, Prediction, PriorPredictor, with_feedback
 from predictor.prior import WorkerProfile, profiles_by_model
 from router.config import PolicyOptions
 from router.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
+
+MAX_STAGE = 16  # wrong_answer_stage_s counts at most this many stages (a runaway loop's cost stays bounded)
 
 
 def guarded_shares(features: RequestFeatures, views: tuple[BackendView, ...], options: PolicyOptions) -> Array:
@@ -112,6 +117,7 @@ def make_predictive(
     slot = slot or ModelSlot(PriorPredictor())
     profiles = dict(profiles or {})
     slack, wrong_ms, feedback = options.latency_slack, options.wrong_answer_s * 1e3, options.latency_feedback
+    stage_ms = options.wrong_answer_stage_s * 1e3
 
     def predictive(features: RequestFeatures, snapshot: FleetSnapshot) -> Decision:
         views = snapshot.backends
@@ -125,7 +131,9 @@ def make_predictive(
             else raw
         )
         scale = np.fromiter((w.time_scale for w in worker_profiles), np.float64, len(views))
-        order, why = rank(p, features, slack, scale, wrong_ms)
+        stage = features.workflow_stage
+        wrong = wrong_ms + stage_ms * min(stage, MAX_STAGE) if stage_ms and stage and stage > 0 else wrong_ms
+        order, why = rank(p, features, slack, scale, wrong)
         i = order[0]
         rows = (a[i].tolist() for a in (p.ttft, p.tpot, p.e2e, p.output))
         (ttft, ttft90), (tpot, _), (e2e, e2e90), (out, out90) = rows

@@ -68,6 +68,18 @@ def test_expected_cost_weighs_the_chance_of_a_wrong_answer() -> None:
     assert PolicyOptions().wrong_answer_s > 0  # the default rule
 
 
+def test_a_wrong_answer_costs_more_later_in_a_workflow() -> None:
+    """wrong_answer_stage_s adds to the cost per workflow stage (x-workflow-stage): the same prompt goes
+    to the fast worker at the start of a workflow and to the capable one late in it."""
+    policy = make_predictive(PolicyOptions(wrong_answer_s=0.4, wrong_answer_stage_s=0.5), ModelSlot(Fixed(TABLE)))
+    at = lambda stage: policy(feats(workflow_stage=stage), FleetSnapshot(VIEWS)).ranked[0]  # noqa: E731
+    assert at(None) == at(0) == "fast"  # 0.4 s: 1000 < 1080 < 1140 (e2e p50 + P(wrong) x cost)
+    assert at(6) == "best"  # 3.4 s: 1120 + 170 < 1000 + 680 < 800 + 1700
+    assert at(10_000) == at(16) == "best"  # capped at MAX_STAGE (uncapped, the 0.99 "slow" would win)
+    no_stage = make_predictive(PolicyOptions(wrong_answer_s=0.4), ModelSlot(Fixed(TABLE)))
+    assert no_stage(feats(workflow_stage=6), FleetSnapshot(VIEWS)).ranked[0] == "fast"  # off by default
+
+
 def test_feedback_prices_each_worker_as_its_requests_ran() -> None:
     """A worker whose recent answers decoded 1.5x slower than predicted loses the expected-cost tie it
     won on the estimator's numbers alone; its reported prediction is the corrected one, and the
