@@ -9,13 +9,15 @@ as the bench's would (retry rounds, checks). Rules:
 * ``rr`` — a uniform choice among the agent's eligible models (round robin over one worker per model);
 * ``cost W`` — the predictive policy's expected-cost rule with an *oracle*: each step's true
   difficulty and length, ``time + (1 - P(good answer)) x W`` (a checker's answer is good when its
-  verdict is right), minimised per step — the best the rule could do with perfect predictions.
+  verdict is right), minimised per step — the best the rule could do with perfect predictions;
+  ``cost W+S`` — the same with ``W + S x stage`` (``wrong_answer_stage_s``; the stage is the step's
+  index in its workflow, as ``x-workflow-stage`` says).
 
 It ignores queueing (each worker's load is fixed), which favours the rules that pile work onto one
 worker; a real run's contention moves every rule's times, not the shape of the trade.
 
     python scripts/predictor/frontier.py                       # seed 12, 3,000 workflows, W = 2 ... 12
-    python scripts/predictor/frontier.py --w 3,6 --load 2,8,3,2
+    python scripts/predictor/frontier.py --w 3,6,3+3 --load 2,8,3,2
 """
 
 from __future__ import annotations
@@ -43,20 +45,24 @@ def step_time(profile: WorkerProfile, model: str, load: int, prompt: int, out: i
     return ttft + (out - 1) * tpot
 
 
-def run(rule: str, w: float, loads: dict[str, int], seed: int, n: int) -> tuple[float, float, float, Counter[str]]:
+def run(
+    rule: str, w: float, loads: dict[str, int], seed: int, n: int, per_stage: float = 0.0
+) -> tuple[float, float, float, Counter[str]]:
     """(median workflow time in modelled s, task success, strict success, steps per model)."""
     profiles = {m: profile_for(None, m, 1.0) for m in QUALITY}
     rng, times, ok, strict, share = random.Random(seed), [], 0, 0, Counter[str]()
     for i in range(n):
         wf, t = make_workflow("mixed", seed, i), 0.0
         while (step := wf.next_step()) is not None:
+            cost_wrong = w + per_stage * min(wf.steps, 16)  # wf.steps: the stage the bench sends
             prompt = sum(len(m["content"].split()) for m in step.messages)
             cost = {m: step_time(profiles[m], m, loads[m], prompt, step.output_tokens) for m in ELIGIBLE[step.agent]}
 
             p_right = {m: 1.0 / (1.0 + math.exp(-8.0 * (QUALITY[m] - step.difficulty))) for m in cost}
             checks_wrong = step.agent in ("tester", "verifier") and not wf.last_ok  # a good check rejects it
             good = {m: 1.0 - p if checks_wrong else p for m, p in p_right.items()}
-            m = rng.choice(list(cost)) if rule == "rr" else min(cost, key=lambda m: cost[m] + (1 - good[m]) * w)
+            expected = {m: cost[m] + (1 - good[m]) * cost_wrong for m in cost}
+            m = rng.choice(list(cost)) if rule == "rr" else min(expected, key=expected.__getitem__)
             share[m] += 1
             t += cost[m]
             right = rng.random() < p_right[m]
@@ -71,12 +77,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument("-n", type=int, default=3000)
-    ap.add_argument("--w", default="2,3,4,6,8,12", help="wrong-answer costs to try, modelled seconds")
+    ap.add_argument(
+        "--w",
+        default="2,3,4,6,8,12,2+2,3+1.5,3+3",
+        help="wrong-answer costs to try, modelled seconds: W, or W+S for W + S per workflow stage",
+    )
     ap.add_argument("--load", default="2,8,3,2", help="requests running on the 0.5B, 1.5B, 7B, 14B")
     args = ap.parse_args()
     loads = dict(zip(QUALITY, (int(x) for x in args.load.split(",")), strict=True))
     base, *_ = rr = run("rr", 0.0, loads, args.seed, args.n)
-    rows = [("rr", rr), *((f"cost {w}", run("cost", float(w), loads, args.seed, args.n)) for w in args.w.split(","))]
+    rules = [(w, *(float(x) for x in f"{w}+0".split("+")[:2])) for w in args.w.split(",")]
+    rows = [("rr", rr), *((f"cost {w}", run("cost", a, loads, args.seed, args.n, b)) for w, a, b in rules)]
     print(f"seed {args.seed}, {args.n} workflows, load {args.load}")
     print("rule      wf p50 s  rr / this  success  strict  share 0.5B/1.5B/7B/14B %")
     for name, (p50, ok, strict, share) in rows:
