@@ -148,7 +148,8 @@ class PolicyOptions(_Frozen):
     # the policy takes the least e2e + P(wrong) x this (0: Chimera's slack rule alone)
     wrong_answer_s: Annotated[float, Field(ge=0)] = 2.0
     # predictive: added to wrong_answer_s per stage of the request's workflow (x-workflow-stage, capped at 16):
-    # a wrong answer late in a workflow costs more (more done work rides on it, fewer retries are left)
+    # a wrong answer late in a workflow costs more (more done work rides on it, fewer retries are left);
+    # only with the expected-cost rule (wrong_answer_s > 0)
     wrong_answer_stage_s: Annotated[float, Field(ge=0)] = 0.0
     # predictive: scale each worker's predicted TTFT and decode time by how its recent requests ran
     # against their predictions (observed / predicted, an EWMA kept by the gateway; 1 until seen)
@@ -241,6 +242,11 @@ class Config(_Frozen):
                 if k in keys:
                     raise _At(("agents", i, "api_keys", j), f"API key also belongs to agent {keys[k]!r}")
                 keys[k] = agent.name
+        po = self.gateway.policy_options
+        if po.wrong_answer_stage_s > 0 and po.wrong_answer_s == 0:
+            raise _At(("gateway", "policy_options", "wrong_answer_stage_s"),
+                      "needs wrong_answer_s > 0 (wrong_answer_s: 0 selects Chimera's slack rule, which prices no "
+                      "wrong answer)")  # fmt: skip
         da = self.gateway.default_agent
         if da is not None:
             if da not in {a.name for a in self.agents}:

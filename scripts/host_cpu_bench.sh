@@ -15,7 +15,8 @@
 # Knobs: OUT (default /tmp/host-out), SEEDS ("0 1 2"), RATES (200,500,1000), PARTS ("overhead cpu decision").
 # Writes $OUT/host.txt (CPU model, load) and $OUT/host-cpu-bench.tgz: overhead-s*/results.json, gateway_cpu.txt,
 # decision-*.txt.
-set -u
+set -uo pipefail
+fail=0
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}:/tmp/site PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 OUT=${OUT:-/tmp/host-out}; mkdir -p "$OUT"
@@ -23,7 +24,7 @@ PY=${PYTHON:-python3}
 for w in .gpu/cpu .gpu/c; do  # carried wheels (the lent machine has no network): our deps the image lacks
   if ls $w/*.whl > /dev/null 2>&1; then
     mkdir -p /tmp/site
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $w/*.whl 2>&1 \
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $w/*.whl 2>&1 \
       | grep -v "Target directory" | tail -2
   fi
 done
@@ -35,21 +36,22 @@ for part in ${PARTS:-overhead cpu decision}; do
   overhead)
     for s in ${SEEDS:-0 1 2}; do
       $PY -m router.cli bench --workload overhead --rate "${RATES:-200,500,1000}" --duration 5 --warmup 1 \
-        --seed "$s" --no-plots --out "$OUT/overhead-s$s" 2>&1 | tail -8
+        --seed "$s" --no-plots --out "$OUT/overhead-s$s" 2>&1 | tail -8 || fail=1
     done ;;
   cpu)
-    PYTHON=$PY bash scripts/gateway_cpu/run.sh 2>&1 | tee "$OUT/gateway_cpu.txt" ;;
+    PYTHON=$PY bash scripts/gateway_cpu/run.sh 2>&1 | tee "$OUT/gateway_cpu.txt" || fail=1 ;;
   decision)
-    $PY scripts/predictor/bench_decision.py 2>&1 | tee "$OUT/decision-prior.txt"
+    $PY scripts/predictor/bench_decision.py 2>&1 | tee "$OUT/decision-prior.txt" || fail=1
     if ls .gpu/logs/*.jsonl > /dev/null 2>&1; then
       $PY -m router.cli predictor train $(for f in .gpu/logs/*.jsonl; do echo --log "$f"; done) --out /tmp/hetero.pkl \
-        2>&1 | tail -3
-      for r in 1 2 3; do $PY scripts/predictor/bench_decision.py --model /tmp/hetero.pkl 2>&1 | tee "$OUT/decision-learned-$r.txt"; done
+        2>&1 | tail -3 || fail=1
+      for r in 1 2 3; do $PY scripts/predictor/bench_decision.py --model /tmp/hetero.pkl 2>&1 | tee "$OUT/decision-learned-$r.txt" || fail=1; done
     fi ;;
   esac
 done
 uptime >> "$OUT/host.txt"
 # one archive: the lent machine brings back only a few files per call
 (cd "$OUT" && tar -czf host-cpu-bench.tgz --warning=no-file-changed --exclude='*.prof' --exclude=host-cpu-bench.tgz \
-  overhead-s* ./*.txt; find . -mindepth 1 -maxdepth 1 -name 'overhead-s*' -exec rm -rf {} +)
+  overhead-s* ./*.txt && find . -mindepth 1 -maxdepth 1 -name 'overhead-s*' -exec rm -rf {} +)
 ls -la "$OUT"
+exit $fail

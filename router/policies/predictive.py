@@ -11,10 +11,10 @@ risk that the task fails). With a per-prompt quality model this sends easy steps
 models and hard ones to capable models — Chimera's slack rule, with the slack set by how much better
 the capable model is *on this prompt*. ``wrong_answer_stage_s`` adds that much per stage of the
 request's workflow (``x-workflow-stage``): a wrong answer late in a workflow costs more, since more
-finished work rides on it and fewer retries are left. ``wrong_answer_s: 0`` (and no stage term)
-gives Chimera's plain rule (the most capable within ``latency_slack`` x the fastest's p90 e2e). If
-nobody meets the SLA, the least predicted lateness wins. The rest of the ranking (retry fallbacks)
-follows the same order.
+finished work rides on it and fewer retries are left (with the expected-cost rule only: the config
+refuses it beside ``wrong_answer_s: 0``). ``wrong_answer_s: 0`` gives Chimera's plain rule (the
+most capable within ``latency_slack`` x the fastest's p90 e2e). If nobody meets the SLA, the least
+predicted lateness wins. The rest of the ranking (retry fallbacks) follows the same order.
 
 Online feedback (``latency_feedback``, on by default): before ranking, each worker's predicted TTFT
 is multiplied by its view's ``ttft_bias`` and the decode part of its e2e (and its TPOT) by its
@@ -131,8 +131,8 @@ def make_predictive(
             else raw
         )
         scale = np.fromiter((w.time_scale for w in worker_profiles), np.float64, len(views))
-        stage = features.workflow_stage
-        wrong = wrong_ms + stage_ms * min(stage, MAX_STAGE) if stage_ms and stage and stage > 0 else wrong_ms
+        stage = min(features.workflow_stage or 0, MAX_STAGE)  # the stage term needs the expected-cost rule:
+        wrong = wrong_ms + stage_ms * stage if wrong_ms and stage > 0 else wrong_ms
         order, why = rank(p, features, slack, scale, wrong)
         i = order[0]
         rows = (a[i].tolist() for a in (p.ttft, p.tpot, p.e2e, p.output))

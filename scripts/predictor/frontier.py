@@ -89,11 +89,11 @@ def main() -> None:
     rules = [(w, *(float(x) for x in f"{w}+0".split("+")[:2])) for w in args.w.split(",")]
     rows = [("rr", rr), *((f"cost {w}", run("cost", a, loads, args.seed, args.n, b)) for w, a, b in rules)]
     print(f"seed {args.seed}, {args.n} workflows, load {args.load}")
-    print("rule      wf p50 s  rr / this  success  strict  share 0.5B/1.5B/7B/14B %")
+    print("rule        wf p50 s  rr / this  success  strict  share 0.5B/1.5B/7B/14B %")
     for name, (p50, ok, strict, share) in rows:
         total = sum(share.values())
         shares = "/".join(f"{100 * share[m] / total:.0f}" for m in QUALITY)
-        print(f"{name:9} {p50:8.2f}  {base / p50:8.2f}x  {100 * ok:6.1f}  {100 * strict:6.1f}  {shares}")
+        print(f"{name:11} {p50:8.2f}  {base / p50:8.2f}x  {100 * ok:6.1f}  {100 * strict:6.1f}  {shares}")
 
 
 if __name__ == "__main__":

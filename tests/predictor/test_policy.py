@@ -78,6 +78,8 @@ def test_a_wrong_answer_costs_more_later_in_a_workflow() -> None:
     assert at(10_000) == at(16) == "best"  # capped at MAX_STAGE (uncapped, the 0.99 "slow" would win)
     no_stage = make_predictive(PolicyOptions(wrong_answer_s=0.4), ModelSlot(Fixed(TABLE)))
     assert no_stage(feats(workflow_stage=6), FleetSnapshot(VIEWS)).ranked[0] == "fast"  # off by default
+    slack_rule = make_predictive(PolicyOptions(wrong_answer_s=0, wrong_answer_stage_s=0.5), ModelSlot(Fixed(TABLE)))
+    assert slack_rule(feats(workflow_stage=6), FleetSnapshot(VIEWS)).ranked[0] == "good"  # Chimera's rule at any stage
 
 
 def test_feedback_prices_each_worker_as_its_requests_ran() -> None:

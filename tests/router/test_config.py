@@ -102,6 +102,16 @@ def test_default_agent_rules() -> None:
         _parse(GOOD.replace("  policy: least_kv", "  policy: least_kv\n  default_agent: coder"))
 
 
+def test_stage_cost_needs_the_expected_cost_rule() -> None:
+    def with_options(opts: str) -> object:
+        return _parse(GOOD.replace("  policy: least_kv", f"  policy: predictive\n  policy_options: {opts}"))
+
+    cfg = with_options("{wrong_answer_s: 3, wrong_answer_stage_s: 1.5}")
+    assert cfg.gateway.policy_options.wrong_answer_stage_s == 1.5  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"^fleet.yaml:3: gateway\.policy_options\.wrong_answer_stage_s: needs"):
+        with_options("{wrong_answer_s: 0, wrong_answer_stage_s: 1.5}")
+
+
 def test_shared_api_key_is_rejected() -> None:
     with pytest.raises(ConfigError, match=r"agents\[coder\].api_keys\[0\]: API key also belongs"):
         _parse(GOOD, env={"CODER_KEY": "pk-1"})
