@@ -46,7 +46,7 @@ from router.features import reserved_tokens
 from router.gateway import Gateway
 from router.requestlog import RequestRecord
 from router.sse import SSECutter
-from router.state.base import Feedback
+from router.state.base import Feedback, Reservation
 from router.types import BackendView, Decision, FleetSnapshot, RequestFeatures
 
 PASSED_HEADERS = ("content-type", "cache-control")  # worker response headers the client sees
@@ -152,7 +152,10 @@ class ProxyResponse:
         assert backend is not None and view is not None
         headers = {"content-type": "application/json", "accept-encoding": "identity",
                    "x-request-id": call.request_id}  # fmt: skip
-        reservation = await gw.state.reserve(name, reserved_tokens(call.features, call.predicted_output))
+        # a streamed request's prompt is the worker's prefill backlog until its first token shows; a whole
+        # answer shows no first token, so it is not counted (its prefill would look pending to its end)
+        prefill = call.features.prompt_tokens if call.features.stream else 0
+        reservation = await gw.state.reserve(name, reserved_tokens(call.features, call.predicted_output), prefill)
         try:
             call.sent_at = time.perf_counter()
             opened = await gw.workers.open(
@@ -166,7 +169,7 @@ class ProxyResponse:
                 if opened.status_code >= 400 or not call.features.stream:
                     await self._send_whole(opened, send)
                 else:
-                    await self._send_stream(opened, send)
+                    await self._send_stream(opened, send, reservation)
             finally:
                 await opened.aclose()
         finally:
@@ -202,7 +205,7 @@ class ProxyResponse:
         await send({"type": "http.response.start", "status": opened.status_code, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _send_stream(self, opened: WorkerResponse, send: Send) -> None:
+    async def _send_stream(self, opened: WorkerResponse, send: Send, reservation: Reservation) -> None:
         gw, rec = self.gw, self.call.record
         if not opened.content_type.startswith("text/event-stream"):
             # Nothing has reached the client yet: one more retryable failure. Passed on, the client
@@ -226,6 +229,7 @@ class ProxyResponse:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                     if rec.ttft_s is None and cutter.content_events(opening_event=opening):
                         rec.ttft_s = time.perf_counter() - rec.started
+                        gw.state.first_token(reservation)
                 chunk = await opened.next_chunk()
             else:
                 await send({"type": "http.response.body", "body": cutter.rest(), "more_body": False})
@@ -358,6 +362,7 @@ def _fleet_features(v: BackendView) -> dict[str, Any]:
     return {
         "inflight_requests": v.inflight_requests,
         "inflight_tokens": v.inflight_tokens,
+        "pending_prefill_tokens": v.pending_prefill_tokens,
         "running": v.running,
         "waiting": v.waiting,
         "kv_usage": v.kv_usage,

@@ -96,7 +96,15 @@ class FleetState(Protocol):
         worker, so N replicas do not multiply the probe load on it; the others read its results)."""
         ...
 
-    async def reserve(self, backend: str, tokens: int) -> Reservation: ...
+    async def reserve(self, backend: str, tokens: int, prefill: int = 0) -> Reservation:
+        """Claim one in-flight request and ``tokens`` KV tokens on ``backend``; ``prefill``: the prompt
+        tokens the worker has yet to prefill for it (the view's ``pending_prefill_tokens`` until
+        :meth:`first_token` or the release)."""
+        ...
+
+    def first_token(self, reservation: Reservation) -> None:
+        """The reservation's first token came: its prompt is prefilled (a no-op the second time)."""
+        ...
 
     async def release(self, reservation: Reservation) -> None:
         """Give a reservation back. The local accounting must be done before the first suspension

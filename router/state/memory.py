@@ -71,17 +71,22 @@ class MemoryFleetState:
 
     # -- in-flight accounting --
 
-    async def reserve(self, backend: str, tokens: int) -> Reservation:
+    async def reserve(self, backend: str, tokens: int, prefill: int = 0) -> Reservation:
         res = Reservation(id=f"{self._id_prefix}-{next(self._ids)}", backend=backend, tokens=max(0, tokens))
         self._table.add_load(backend, 1, res.tokens)
+        self._table.start_prefill(res.id, backend, prefill)
         self._reservations[res.id] = res
         return res
+
+    def first_token(self, reservation: Reservation) -> None:
+        self._table.end_prefill(reservation.id)
 
     async def release(self, reservation: Reservation) -> None:
         # Keyed by id and popped, so a double release (or one from elsewhere) cannot go negative.
         res = self._reservations.pop(reservation.id, None)
         if res is not None:
             self._table.add_load(res.backend, -1, -res.tokens)
+            self._table.end_prefill(res.id)
 
     async def take_tokens(self, agent: str, requests: int, tokens: int, rpm: int | None, tpm: int | None) -> float:
         return self._buckets.take(agent, requests, tokens, rpm, tpm)

@@ -163,9 +163,10 @@ class RedisFleetState:
 
     # -- in-flight accounting --
 
-    async def reserve(self, backend: str, tokens: int) -> Reservation:
+    async def reserve(self, backend: str, tokens: int, prefill: int = 0) -> Reservation:
         res = Reservation(id=f"{self.replica_id}-{next(self._ids)}", backend=backend, tokens=max(0, tokens))
         self._table.add_load(backend, 1, res.tokens)
+        self._table.start_prefill(res.id, backend, prefill)  # local to this replica, like the feedback ratios
         self._reservations[res.id] = res
         try:
             await self._put(backend)
@@ -178,7 +179,11 @@ class RedisFleetState:
         res = self._reservations.pop(reservation.id, None)
         if res is not None:
             self._table.add_load(res.backend, -1, -res.tokens)
+            self._table.end_prefill(res.id)
             await asyncio.shield(self._put(res.backend))  # published even if the caller is cancelled
+
+    def first_token(self, reservation: Reservation) -> None:
+        self._table.end_prefill(reservation.id)
 
     async def _put(self, backend: str) -> None:
         self._version[backend] += 1

@@ -61,6 +61,7 @@ class WorkerRecord:
     ejected_until: float = -math.inf  # probes cannot re-admit before this
     inflight_requests: int = 0  # this process's own reservations
     inflight_tokens: int = 0
+    pending_prefill: int = 0  # prompt tokens of this process's requests with no first token yet
     other_requests: int = 0  # other replicas' reservations (shared states only)
     other_tokens: int = 0
     metrics: ScrapedMetrics | None = None
@@ -85,6 +86,7 @@ class FleetTable:
             for b in backends
         }
         self.any_probe_ok = False
+        self._prefilling: dict[str, tuple[str, int]] = {}  # reservation id -> (backend, prompt tokens)
         self._views: tuple[BackendView, ...] | None = None  # None: some record changed
         self._views_at = -math.inf
 
@@ -115,6 +117,19 @@ class FleetTable:
         rec.inflight_requests = max(0, rec.inflight_requests + requests)
         rec.inflight_tokens = max(0, rec.inflight_tokens + tokens)
         return rec
+
+    def start_prefill(self, key: str, backend: str, tokens: int) -> None:
+        """``tokens`` prompt tokens sent to ``backend`` under ``key`` (a reservation id) await their prefill."""
+        if tokens > 0 and key not in self._prefilling:
+            self._prefilling[key] = (backend, tokens)
+            self.touch(backend).pending_prefill += tokens
+
+    def end_prefill(self, key: str) -> None:
+        """``key``'s prefill is done (its first token came) or moot (released): idempotent."""
+        hit = self._prefilling.pop(key, None)
+        if hit is not None:
+            rec = self.touch(hit[0])
+            rec.pending_prefill = max(0, rec.pending_prefill - hit[1])
 
     def set_other_load(self, backend: str, requests: int, tokens: int) -> None:
         rec = self.records.get(backend)
@@ -227,6 +242,7 @@ def _build(r: WorkerRecord, now: float) -> BackendView:
         tags=r.tags,
         inflight_requests=r.inflight_requests + r.other_requests,
         inflight_tokens=r.inflight_tokens + r.other_tokens,
+        pending_prefill_tokens=r.pending_prefill,
         running=m.running if m else None,
         waiting=m.waiting if m else None,
         kv_usage=m.kv_usage if m else None,

@@ -23,6 +23,15 @@ def test_more_load_means_higher_ttft_and_tpot() -> None:
     assert prior_latency(wp, view(64, kv_usage=0.99), 1000, 0.0)[0] > busy[0]
 
 
+def test_a_prefill_backlog_delays_the_first_token() -> None:
+    """Two workers with the same running count: the one still prefilling an 8k-token document makes a
+    new short prompt wait for it (vLLM runs it; its waiting count stays 0), the TPOT is the same."""
+    wp = profile_for("h200-qwen2.5-7b")
+    free = prior_latency(wp, view(2), 200, 0.0)
+    backlog = prior_latency(wp, view(2, pending_prefill_tokens=8000), 200, 0.0)
+    assert backlog[0] > free[0] + 8000 * wp.prefill and backlog[1] == free[1]
+
+
 def test_bigger_model_is_slower_and_better() -> None:
     small, big = profile_for("h200-qwen2.5-0.5b"), profile_for("h200-qwen2.5-14b")
     for load in (0, 32):

@@ -102,6 +102,26 @@ async def test_reserve_and_release_account_requests_and_tokens(state: FleetState
     assert all(b.inflight_requests == 0 and b.inflight_tokens == 0 for b in state.snapshot().backends)
 
 
+async def test_prompts_await_their_prefill_until_the_first_token(state: FleetState) -> None:
+    """A streamed prompt is the worker's prefill backlog until its first token (or its release); a
+    second first_token, a release after it, or an unknown reservation changes nothing."""
+    long = await state.reserve("a", 9000, prefill=8000)
+    short = await state.reserve("a", 400, prefill=200)
+    whole = await state.reserve("b", 100)  # a non-streamed request: no prefill counted
+    assert view(state, "a").pending_prefill_tokens == 8200 and view(state, "b").pending_prefill_tokens == 0
+    state.first_token(long)
+    state.first_token(long)
+    state.first_token(Reservation(id="never-issued", backend="a", tokens=1))
+    assert view(state, "a").pending_prefill_tokens == 200
+    await state.release(long)
+    assert view(state, "a").pending_prefill_tokens == 200
+    await state.release(short)  # released before any token (a failure, a disconnect): no longer pending
+    state.first_token(short)
+    assert view(state, "a").pending_prefill_tokens == 0
+    await state.release(whole)
+    assert all(b.pending_prefill_tokens == 0 for b in state.snapshot().backends)
+
+
 async def test_release_twice_or_unknown_never_goes_negative(state: FleetState) -> None:
     r = await state.reserve("a", 10)
     keep = await state.reserve("a", 5)
