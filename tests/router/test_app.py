@@ -203,6 +203,7 @@ def test_fleet_metrics_ready_and_request_log(gateway_server: Gw, two_models: Any
             "healthy",
             "inflight_requests",
             "inflight_tokens",
+            "pending_prefill_tokens",
             "kv_budget_tokens",
             "kv_usage",
             "running",
@@ -212,6 +213,7 @@ def test_fleet_metrics_ready_and_request_log(gateway_server: Gw, two_models: Any
             "predicted_ttft_ms",
         } <= set(b)
         assert b["healthy"] and b["inflight_requests"] == 0 and b["inflight_tokens"] == 0
+        assert b["pending_prefill_tokens"] == 0  # the streamed request's prompt left it at its first token
         assert 0 < b["predicted_ttft_ms"] < b["predicted_e2e_ms"] and b["predicted_tpot_ms"] > 0
     assert fleet["predicted_for"] == {"prompt_tokens": 1024, "output_tokens": 256, "by": "prior"}
     metrics = httpx.get(gw.url + "/metrics").text
@@ -233,7 +235,8 @@ def test_fleet_metrics_ready_and_request_log(gateway_server: Gw, two_models: Any
                   "prompt_tokens_est", "completion_tokens", "max_tokens", "message_count", "ttft_s", "e2e_s",
                   "status", "attempts", "error", "fleet"):  # fmt: skip
         assert field in plain, field
-    assert set(plain["fleet"]) >= {"inflight_requests", "inflight_tokens", "running", "waiting", "kv_usage"}
+    assert set(plain["fleet"]) >= {"inflight_requests", "inflight_tokens", "pending_prefill_tokens", "running",
+                                   "waiting", "kv_usage"}  # fmt: skip
     assert plain["agent"] == "planner" and plain["attempts"] == 1 and plain["stream"] is False
     assert plain["prompt_tokens"] == 7 and plain["completion_tokens"] == 2  # the worker's usage
     assert streamed["stream"] is True and streamed["backend"] == "s0" and streamed["ttft_s"] > 0
