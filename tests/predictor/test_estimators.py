@@ -101,6 +101,34 @@ def test_quality_learns_which_words_make_a_task_hard() -> None:
     assert p(13, "nobody")[2] == 0.5  # an unseen model keeps its prior; an unseen role uses the pooled fit
 
 
+def test_quality_learns_what_a_word_means_to_each_model() -> None:
+    """A checker's verdict is good when it agrees with the truth of the answer it checks: the small
+    model rejects wrong answers as reliably as the big one but fails more correct ones. The word that
+    marks the checked answer as wrong (term 7) then favours a different model than its absence; one
+    offset per model (``per_model_terms=False``) cannot say so and ranks them the same either way."""
+    rng = np.random.default_rng(3)
+    p_good = {("small", True): 0.98, ("small", False): 0.85, ("big", True): 0.83, ("big", False): 0.98}
+    terms, y, models = [], [], []
+    for _ in range(1200):
+        model, wrong = str(rng.choice(["small", "big"])), bool(rng.random() < 0.35)
+        terms.append([*([7] if wrong else []), *rng.choice(np.arange(100, 400), size=30, replace=False).tolist()])
+        y.append(rng.random() < p_good[(model, wrong)])
+        models.append(model)
+    X = term_matrix(terms, np.zeros((len(y), 0)), 4096)
+    fillers = [rng.choice(np.arange(100, 400), size=30, replace=False) for _ in range(100)]  # fresh prompts
+
+    def p(qm: QualityModel, wrong: bool) -> np.ndarray:
+        rows = [np.asarray([*([7] if wrong else []), *f]) for f in fillers]
+        return np.mean([qm.predict_proba(t, np.zeros(0), "tester", ["small", "big"], np.full(2, 0.5)) for t in rows], 0)
+
+    qm = QualityModel().fit(X, y, models, ["tester"] * len(y))
+    assert p(qm, wrong=True)[0] > p(qm, wrong=True)[1] and p(qm, wrong=False)[1] > p(qm, wrong=False)[0] + 0.05
+    offsets_only = QualityModel(per_model_terms=False).fit(X, y, models, ["tester"] * len(y))
+    assert offsets_only.model_term_coef_ is None
+    a, b = p(offsets_only, wrong=True), p(offsets_only, wrong=False)
+    assert (a[0] > a[1]) == (b[0] > b[1])  # the same order whatever the checked answer was
+
+
 def test_decision_subset_of_models_equals_the_full_prediction(fitted: Predictor) -> None:
     s = samples(records(5, seed=4))[0]
     X = np.random.default_rng(1).random((8, fitted.latency_.n_features_in_))
@@ -161,8 +189,11 @@ def test_mismatched_versions_and_schema_are_refused(fitted: Predictor, tmp_path:
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 999}, fitted)
     with pytest.raises(artifact.ArtifactError, match="schema 999"):
         artifact.load(path)
+    artifact.write(path, {**header, "versions": artifact.versions(), "schema": 4}, fitted)
+    with pytest.raises(artifact.ArtifactError, match=r"schema 4 .*lacks the quality model's per-model term weights"):
+        artifact.load(path)
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 3}, fitted)
-    with pytest.raises(artifact.ArtifactError, match=r"schema 3 .*lacks the latency p90s' calibration per load"):
+    with pytest.raises(artifact.ArtifactError, match=r"schema 3 .*term weights, the latency p90s' calibration per"):
         artifact.load(path)
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 2}, fitted)
     with pytest.raises(artifact.ArtifactError, match=r"schema 2 .*per load bucket, the p90s' conformal calibration"):
