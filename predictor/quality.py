@@ -18,7 +18,9 @@ so — a small checker that rejects wrong work as reliably as a big one but fail
 the transcript's tail, which holds the checked answer's own verdict, then moves the models apart.
 Without them one offset per model averages the two cases (measured 2026-11-30: the 0.5B was
 predicted the *best* checker, 0.96 against 0.93, of correct and of wrong answers alike, while it
-passed 85 % of the correct ones the others passed 98 % of). A pooled regression over every role is
+passed 85 % of the correct ones the others passed 98 % of). Off by default: on the bench's logs they
+rank the checks right (Brier on them -8 %) but fit noise in the doers' verdicts (+5 %), and the
+routing came out no better (docs/PREDICTOR.md, "wrong_answer_s re-chosen"). A pooled regression over every role is
 the fallback for an agent unseen in training. Each (role, model) estimate is shrunk toward the
 profile's prior by ``prior_strength`` pseudo-samples — ``(n · p + k · prior) / (n + k)`` — and a
 model without feedback keeps its prior.
@@ -64,7 +66,7 @@ class QualityModel(BaseEstimator):  # type: ignore[misc]
         prior_strength: float = 10.0,
         min_samples: int = 20,
         n_terms: int = 4096,
-        per_model_terms: bool = True,
+        per_model_terms: bool = False,
         min_df: float = 0.0,
     ) -> None:
         self.C = C

@@ -121,9 +121,9 @@ def test_quality_learns_what_a_word_means_to_each_model() -> None:
         rows = [np.asarray([*([7] if wrong else []), *f]) for f in fillers]
         return np.mean([qm.predict_proba(t, np.zeros(0), "tester", ["small", "big"], np.full(2, 0.5)) for t in rows], 0)
 
-    qm = QualityModel().fit(X, y, models, ["tester"] * len(y))
+    qm = QualityModel(per_model_terms=True).fit(X, y, models, ["tester"] * len(y))
     assert p(qm, wrong=True)[0] > p(qm, wrong=True)[1] and p(qm, wrong=False)[1] > p(qm, wrong=False)[0] + 0.05
-    offsets_only = QualityModel(per_model_terms=False).fit(X, y, models, ["tester"] * len(y))
+    offsets_only = QualityModel().fit(X, y, models, ["tester"] * len(y))  # the default
     assert offsets_only.model_term_coef_ is None
     a, b = p(offsets_only, wrong=True), p(offsets_only, wrong=False)
     assert (a[0] > a[1]) == (b[0] > b[1])  # the same order whatever the checked answer was
