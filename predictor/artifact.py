@@ -22,7 +22,7 @@ FORMAT = "chimera-predictor"
 SCHEMA_VERSION = 5  # bump when feature columns or the Predictor's layout change
 # What a file of an older schema lacks, for the refusal's message.
 SCHEMA_CHANGES = {
-    5: "the quality model's per-model term weights",
+    5: "the quality model's per-model term weights and the prior's prefill backlog",
     4: "the latency p90s' calibration per load bucket",
     3: "the p90s' conformal calibration",
     2: "the per-prompt quality model",

@@ -95,6 +95,8 @@ def to_sample(rec: Mapping[str, Any], remaining: int | None = None, score: float
     view = BackendView(
         name=backend, model=model, kv_budget_tokens=int(fl.get("kv_budget_tokens") or 0),
         inflight_requests=int(fl.get("inflight_requests") or 0), inflight_tokens=int(fl.get("inflight_tokens") or 0),
+        # logs written before 2026-11-30 lack it (read as 0: their latency rows' prior misses the backlog; train on
+        # logs of one version)
         pending_prefill_tokens=int(fl.get("pending_prefill_tokens") or 0),
         running=fl.get("running"), waiting=fl.get("waiting"), kv_usage=fl.get("kv_usage"),
         metrics_age_s=fl.get("metrics_age_s"), ttft_ewma_s=fl.get("ttft_ewma_s"), tpot_ewma_s=fl.get("tpot_ewma_s"),

@@ -87,7 +87,8 @@ def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cach
     ctx = 0.5 * per_req  # a running request is, on average, half way through its reservation
     decode_step = wp.base + wp.decode_seqs * n_run + wp.decode_ctx * n_run * ctx
     own = prompt_tokens * (1.0 - cached)
-    ahead = n_wait * 0.5 * per_req + view.pending_prefill_tokens  # queued requests, and prompts still prefilling
+    # queued requests, and prompts still prefilling (above max_num_seqs a waiting streamed request is in both)
+    ahead = n_wait * 0.5 * per_req + view.pending_prefill_tokens
     steps = math.ceil((own + ahead) / max(1, wp.max_num_batched_tokens - n_run)) or 1
     attn = wp.attn * own * (prompt_tokens - own + own / 2) / 1e6
     ttft = wp.ttft_overhead + steps * decode_step + wp.prefill * (own + ahead) + attn

@@ -154,7 +154,9 @@ class ProxyResponse:
                    "x-request-id": call.request_id}  # fmt: skip
         # a streamed request's prompt is the worker's prefill backlog until its first token shows; a whole
         # answer shows no first token, so it is not counted (its prefill would look pending to its end)
-        prefill = call.features.prompt_tokens if call.features.stream else 0
+        # (only the part not already in the worker's prefix cache, as far as the gateway's prefix index knows)
+        hit = call.features.prefix_hits.get(name, 0.0) if call.features.prefix_hits else 0.0
+        prefill = round(call.features.prompt_tokens * (1.0 - hit)) if call.features.stream else 0
         reservation = await gw.state.reserve(name, reserved_tokens(call.features, call.predicted_output), prefill)
         try:
             call.sent_at = time.perf_counter()

@@ -193,7 +193,7 @@ def test_mismatched_versions_and_schema_are_refused(fitted: Predictor, tmp_path:
     with pytest.raises(artifact.ArtifactError, match=r"schema 4 .*lacks the quality model's per-model term weights"):
         artifact.load(path)
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 3}, fitted)
-    with pytest.raises(artifact.ArtifactError, match=r"schema 3 .*term weights, the latency p90s' calibration per"):
+    with pytest.raises(artifact.ArtifactError, match=r"schema 3 .*prefill backlog, the latency p90s' calibration per"):
         artifact.load(path)
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 2}, fitted)
     with pytest.raises(artifact.ArtifactError, match=r"schema 2 .*per load bucket, the p90s' conformal calibration"):
