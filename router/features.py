@@ -176,6 +176,16 @@ def build_features(
     )
 
 
+def prefill_tokens(features: RequestFeatures, backend: str) -> int:
+    """The prompt tokens ``backend`` has yet to prefill for a request: its prompt less the share the prefix
+    index expects in that worker's cache; 0 for a non-streamed request (no first token marks its prefill's
+    end, so it would look pending until its whole answer came)."""
+    if not features.stream:
+        return 0
+    hit = features.prefix_hits.get(backend, 0.0) if features.prefix_hits else 0.0
+    return round(features.prompt_tokens * (1.0 - min(1.0, max(0.0, hit))))
+
+
 def reserved_tokens(features: RequestFeatures, predicted_output: float | None = None) -> int:
     """KV tokens a dispatched request claims: its prompt plus its output cap (or a default), or,
     where the policy predicted the output's length, that prediction (never above the cap)."""

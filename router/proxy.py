@@ -42,7 +42,7 @@ from router.errors import (
     WorkerStatusError,
     WorkerTimeout,
 )
-from router.features import reserved_tokens
+from router.features import prefill_tokens, reserved_tokens
 from router.gateway import Gateway
 from router.requestlog import RequestRecord
 from router.sse import SSECutter
@@ -152,12 +152,9 @@ class ProxyResponse:
         assert backend is not None and view is not None
         headers = {"content-type": "application/json", "accept-encoding": "identity",
                    "x-request-id": call.request_id}  # fmt: skip
-        # a streamed request's prompt is the worker's prefill backlog until its first token shows; a whole
-        # answer shows no first token, so it is not counted (its prefill would look pending to its end)
-        # (only the part not already in the worker's prefix cache, as far as the gateway's prefix index knows)
-        hit = call.features.prefix_hits.get(name, 0.0) if call.features.prefix_hits else 0.0
-        prefill = round(call.features.prompt_tokens * (1.0 - hit)) if call.features.stream else 0
-        reservation = await gw.state.reserve(name, reserved_tokens(call.features, call.predicted_output), prefill)
+        # a streamed request's uncached prompt is the worker's prefill backlog until its first token shows
+        reserved, prefill = reserved_tokens(call.features, call.predicted_output), prefill_tokens(call.features, name)
+        reservation = await gw.state.reserve(name, reserved, prefill)
         try:
             call.sent_at = time.perf_counter()
             opened = await gw.workers.open(

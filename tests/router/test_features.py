@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -13,9 +14,11 @@ from router.features import (
     build_features,
     estimate_tokens,
     parse_body,
+    prefill_tokens,
     reserved_tokens,
     resolve_models,
 )
+from router.types import RequestFeatures
 from tests.conftest import make_config
 
 CFG = make_config(
@@ -108,3 +111,12 @@ def test_features_take_agent_defaults_and_lenient_header_overrides() -> None:
     f = build_features("chat", PLANNER, ("big",), parsed, {"x-slo-ttft-ms": "-3", "x-priority": "high"}, seq=0)
     assert (f.ttft_slo_ms, f.priority) == (800, 2)
     assert reserved_tokens(f) == f.prompt_tokens + DEFAULT_OUTPUT_TOKENS
+
+
+def test_prefill_tokens_are_the_uncached_prompt_of_a_stream() -> None:
+    f = RequestFeatures(agent="a", endpoint="chat", models=("m",), prompt_tokens=1000, max_tokens=None, stream=True,
+                        prefix_hits={"w1": 0.75})  # fmt: skip
+    assert prefill_tokens(f, "w1") == 250  # the prefix index expects three quarters in w1's cache
+    assert prefill_tokens(f, "w2") == 1000
+    assert prefill_tokens(dataclasses.replace(f, prefix_hits={}), "w1") == 1000
+    assert prefill_tokens(dataclasses.replace(f, stream=False), "w2") == 0  # no first token marks its end
