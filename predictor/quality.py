@@ -67,14 +67,12 @@ class QualityModel(BaseEstimator):  # type: ignore[misc]
         min_samples: int = 20,
         n_terms: int = 4096,
         per_model_terms: bool = False,
-        min_df: float = 0.0,
     ) -> None:
         self.C = C
         self.prior_strength = prior_strength
         self.min_samples = min_samples
         self.n_terms = n_terms
         self.per_model_terms = per_model_terms
-        self.min_df = min_df
 
     def fit(self, X: Any, y: Any, models: Sequence[str] = (), groups: Sequence[str] | None = None) -> Self:
         """``X``: (n, n_terms + extras) from :func:`term_matrix`; ``y``: 1 for a good answer, 0 for a bad
@@ -117,11 +115,8 @@ class QualityModel(BaseEstimator):  # type: ignore[misc]
                 w = np.zeros(Xm.shape[1])
                 b = float(np.log(rate / (1.0 - rate)))
             else:
-                cols = self._columns(X[rows], n, Xm.shape[1], n_fixed)
-                lr = LogisticRegression(C=self.C, max_iter=500).fit(Xm[rows][:, cols], yg)
-                w = np.zeros(Xm.shape[1])
-                w[cols] = lr.coef_[0]
-                b = float(lr.intercept_[0])
+                lr = LogisticRegression(C=self.C, max_iter=500).fit(Xm[rows], yg)
+                w, b = lr.coef_[0].astype(np.float64), float(lr.intercept_[0])
             kept.append(g)
             coef.append(w[: X.shape[1]])
             mcoef.append(w[X.shape[1] : n_fixed])
@@ -138,20 +133,6 @@ class QualityModel(BaseEstimator):  # type: ignore[misc]
         self.intercept_ = np.asarray(intercept)
         self.counts_ = np.asarray(counts).reshape(len(kept), len(self.models_))
         return self
-
-    def _columns(self, X: Any, n: int, width: int, n_fixed: int) -> Any:
-        """The columns a group's regression may weigh: every term in at least ``min_df`` of its ``n`` rows
-        (in the shared block and in every model's), the extras and the model offsets. A term seen in a
-        handful of rows — most of a prompt's hashed words — would only let the regression memorise those
-        rows' outcomes (a failure "explained" by its prompt's rare words) instead of what recurs."""
-        keep = np.ones(width, dtype=bool)
-        if self.min_df > 0:
-            df = np.asarray((X[:, : self.n_terms] != 0).sum(axis=0)).ravel()
-            rare = df < self.min_df * n
-            keep[: self.n_terms] = ~rare
-            for start in range(n_fixed, width, self.n_terms):
-                keep[start : start + self.n_terms] = ~rare
-        return np.flatnonzero(keep)
 
     def predict_proba(self, terms: Array, extras: Array, group: str, models: Sequence[str], priors: Array, *,
                       in_range: bool = False) -> Array:  # fmt: skip

@@ -23,19 +23,19 @@ worker; a real run's contention moves every rule's times, not the shape of the t
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import statistics
 from collections import Counter
 
+from backends.sim.textgen import p_correct
 from predictor.prior import WorkerProfile, prior_latency, profile_for
 from router.bench.workloads import CORRECT, make_workflow
+from router.config import load_config
+from router.policies.predictive import MAX_STAGE
 from router.types import BackendView
 
-QUALITY = {"qwen2.5-0.5b": 0.45, "qwen2.5-1.5b": 0.60, "qwen2.5-7b": 0.78, "qwen2.5-14b": 0.85}
-HEAVY = ("qwen2.5-14b", "qwen2.5-7b", "qwen2.5-1.5b")  # examples/bench-hetero.yaml's agents
-CHECK = ("qwen2.5-7b", "qwen2.5-1.5b", "qwen2.5-0.5b")
-ELIGIBLE = {"planner": HEAVY, "coder": HEAVY, "solver": HEAVY, "tester": CHECK, "verifier": CHECK}
+MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b")
+FLEET = "examples/bench-hetero.yaml"  # whose agents say which models may serve each role
 
 
 def step_time(profile: WorkerProfile, model: str, load: int, prompt: int, out: int) -> float:
@@ -49,16 +49,17 @@ def run(
     rule: str, w: float, loads: dict[str, int], seed: int, n: int, per_stage: float = 0.0
 ) -> tuple[float, float, float, Counter[str]]:
     """(median workflow time in modelled s, task success, strict success, steps per model)."""
-    profiles = {m: profile_for(None, m, 1.0) for m in QUALITY}
+    profiles = {m: profile_for(None, m, 1.0) for m in MODELS}
+    eligible = {a.name: a.models for a in load_config(FLEET).agents}
     rng, times, ok, strict, share = random.Random(seed), [], 0, 0, Counter[str]()
     for i in range(n):
         wf, t = make_workflow("mixed", seed, i), 0.0
         while (step := wf.next_step()) is not None:
-            cost_wrong = w + per_stage * min(wf.steps, 16)  # wf.steps: the stage the bench sends
+            cost_wrong = w + per_stage * min(wf.steps, MAX_STAGE)  # wf.steps: the stage the bench sends
             prompt = sum(len(m["content"].split()) for m in step.messages)
-            cost = {m: step_time(profiles[m], m, loads[m], prompt, step.output_tokens) for m in ELIGIBLE[step.agent]}
+            cost = {m: step_time(profiles[m], m, loads[m], prompt, step.output_tokens) for m in eligible[step.agent]}
 
-            p_right = {m: 1.0 / (1.0 + math.exp(-8.0 * (QUALITY[m] - step.difficulty))) for m in cost}
+            p_right = {m: p_correct(profiles[m].quality, step.difficulty) for m in cost}
             checks_wrong = step.agent in ("tester", "verifier") and not wf.last_ok  # a good check rejects it
             good = {m: 1.0 - p if checks_wrong else p for m, p in p_right.items()}
             expected = {m: cost[m] + (1 - good[m]) * cost_wrong for m in cost}
@@ -84,7 +85,7 @@ def main() -> None:
     )
     ap.add_argument("--load", default="2,8,3,2", help="requests running on the 0.5B, 1.5B, 7B, 14B")
     args = ap.parse_args()
-    loads = dict(zip(QUALITY, (int(x) for x in args.load.split(",")), strict=True))
+    loads = dict(zip(MODELS, (int(x) for x in args.load.split(",")), strict=True))
     base, *_ = rr = run("rr", 0.0, loads, args.seed, args.n)
     rules = [(w, *(float(x) for x in f"{w}+0".split("+")[:2])) for w in args.w.split(",")]
     rows = [("rr", rr), *((f"cost {w}", run("cost", a, loads, args.seed, args.n, b)) for w, a, b in rules)]
@@ -92,7 +93,7 @@ def main() -> None:
     print("rule        wf p50 s  rr / this  success  strict  share 0.5B/1.5B/7B/14B %")
     for name, (p50, ok, strict, share) in rows:
         total = sum(share.values())
-        shares = "/".join(f"{100 * share[m] / total:.0f}" for m in QUALITY)
+        shares = "/".join(f"{100 * share[m] / total:.0f}" for m in MODELS)
         print(f"{name:11} {p50:8.2f}  {base / p50:8.2f}x  {100 * ok:6.1f}  {100 * strict:6.1f}  {shares}")
 
 
