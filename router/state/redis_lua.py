@@ -7,6 +7,8 @@ Keys (every key carries the hash tag ``{prefix}``, so they live in one cluster s
                               _hb                 present while the replica lives
                               <worker>:v          version of the replica's numbers for that worker
                               <worker>:r / :t     the replica's in-flight requests / tokens there
+                              <worker>:p          its streamed prompts' tokens there with no first
+                                                  token yet (the prefill backlog; absent: 0)
     {p}:probe:<worker>      HASH: the last probe of the worker, by whichever replica probed it:
                               seq (increments per probe), ok, by, at (Redis ms), m (metrics JSON),
                               mat (the ``at`` of the probe that carried ``m``)
@@ -22,35 +24,37 @@ A replica killed without a goodbye leaves nothing behind once its hash expires.
 from __future__ import annotations
 
 # Store one worker's numbers for this replica, renew its lease, return the OTHER replicas' totals
-# for that worker: {requests, tokens}.
-# KEYS: load:<me>, replicas. ARGV: me, ttl_ms, load prefix, worker, version, requests, tokens
+# for that worker: {requests, tokens, prefill tokens}.
+# KEYS: load:<me>, replicas. ARGV: me, ttl_ms, load prefix, worker, version, requests, tokens, prefill
 PUT = """
 local k, w = KEYS[1], ARGV[4]
 if tonumber(ARGV[5]) > tonumber(redis.call('HGET', k, w .. ':v') or '0') then
-  redis.call('HSET', k, w .. ':v', ARGV[5], w .. ':r', ARGV[6], w .. ':t', ARGV[7], '_hb', '1')
+  redis.call('HSET', k, w .. ':v', ARGV[5], w .. ':r', ARGV[6], w .. ':t', ARGV[7], w .. ':p', ARGV[8], '_hb', '1')
 end
 redis.call('PEXPIRE', k, ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[1])
-local r, t = 0, 0
+local r, t, p = 0, 0, 0
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   if id ~= ARGV[1] then
-    local got = redis.call('HMGET', ARGV[3] .. id, w .. ':r', w .. ':t')
+    local got = redis.call('HMGET', ARGV[3] .. id, w .. ':r', w .. ':t', w .. ':p')
     r = r + (tonumber(got[1]) or 0)
     t = t + (tonumber(got[2]) or 0)
+    p = p + (tonumber(got[3]) or 0)
   end
 end
-return {r, t}
+return {r, t, p}
 """
 
 # Heartbeat, republish all of this replica's numbers, and read everything in one round trip.
 # Returns {{replica id, flat load hash}..., {flat probe hash per worker}..., Redis time in ms}.
-# KEYS: load:<me>, replicas. ARGV: me, ttl_ms, load prefix, probe prefix, n, then n x (worker, v, r, t)
+# KEYS: load:<me>, replicas. ARGV: me, ttl_ms, load prefix, probe prefix, n, then n x (worker, v, r, t, p)
 SYNC = """
 local k, n = KEYS[1], tonumber(ARGV[5])
 for i = 0, n - 1 do
-  local w, v = ARGV[6 + 4 * i], ARGV[7 + 4 * i]
+  local w, v = ARGV[6 + 5 * i], ARGV[7 + 5 * i]
   if tonumber(v) > tonumber(redis.call('HGET', k, w .. ':v') or '0') then
-    redis.call('HSET', k, w .. ':v', v, w .. ':r', ARGV[8 + 4 * i], w .. ':t', ARGV[9 + 4 * i])
+    redis.call('HSET', k, w .. ':v', v, w .. ':r', ARGV[8 + 5 * i], w .. ':t', ARGV[9 + 5 * i],
+               w .. ':p', ARGV[10 + 5 * i])
   end
 end
 redis.call('HSET', k, '_hb', '1')
@@ -63,7 +67,7 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
 end
 local probes = {}
 for i = 0, n - 1 do
-  table.insert(probes, redis.call('HGETALL', ARGV[4] .. ARGV[6 + 4 * i]))
+  table.insert(probes, redis.call('HGETALL', ARGV[4] .. ARGV[6 + 5 * i]))
 end
 local now = redis.call('TIME')
 return {replicas, probes, tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)}

@@ -5,7 +5,10 @@ Each replica keeps the same local :class:`~router.state.table.FleetTable` as the
 
 * **Load.** ``reserve``/``release`` update the local record first (exact, never lost), then store
   this replica's absolute, versioned numbers for the worker in one script call (``PUT``), whose
-  reply is the other replicas' totals for that worker: one round trip each, two per request.
+  reply is the other replicas' totals for that worker: one round trip each, two per request. The
+  numbers are in-flight requests, tokens and the *prefill backlog* (streamed prompts' tokens with no
+  first token yet); a first token shrinks the backlog locally and reaches the others with the next
+  SYNC (no round trip of its own), so their view of it lags by at most ``sync_interval_s``.
 * **Leases.** A background task runs ``SYNC`` every ``sync_interval_s``: one round trip that
   heartbeats (renews this replica's load hash for ``lease_ttl_s``), republishes all its numbers,
   and reads every live replica's load and every worker's last probe. A replica that dies without
@@ -88,7 +91,9 @@ class RedisFleetState:
         self._ids = itertools.count(1)
         self._version = dict.fromkeys(self._table.records, 0)
         self._probe_seen: dict[str, tuple[str, str]] = {}  # worker -> (seq, at) of the last probe applied
-        self._others: dict[str, dict[str, tuple[int, int]]] = {}  # replica -> worker -> (requests, tokens)
+        self._others: dict[
+            str, dict[str, tuple[int, int, int]]
+        ] = {}  # replica -> worker -> (requests, tokens, prefill)
         p = "{" + options.prefix + "}"
         self._k_replicas, self._k_load, self._k_probe, self._k_lease, self._k_prefix = (
             f"{p}:replicas", f"{p}:load:", f"{p}:probe:", f"{p}:lease:", f"{p}:prefix",
@@ -153,7 +158,7 @@ class RedisFleetState:
         mine = ReplicaLoad(self.replica_id, True, sum(r.inflight_requests for r in recs),
                            sum(r.inflight_tokens for r in recs))  # fmt: skip
         others = (
-            ReplicaLoad(rid, False, sum(r for r, _ in load.values()), sum(t for _, t in load.values()))
+            ReplicaLoad(rid, False, sum(n[0] for n in load.values()), sum(n[1] for n in load.values()))
             for rid, load in sorted(self._others.items())
         )
         return (mine, *others)
@@ -166,7 +171,7 @@ class RedisFleetState:
     async def reserve(self, backend: str, tokens: int, prefill: int = 0) -> Reservation:
         res = Reservation(id=f"{self.replica_id}-{next(self._ids)}", backend=backend, tokens=max(0, tokens))
         self._table.add_load(backend, 1, res.tokens)
-        self._table.start_prefill(res.id, backend, prefill)  # local to this replica, like the feedback ratios
+        self._table.start_prefill(res.id, backend, prefill)
         self._reservations[res.id] = res
         try:
             await self._put(backend)
@@ -183,7 +188,9 @@ class RedisFleetState:
             await asyncio.shield(self._put(res.backend))  # published even if the caller is cancelled
 
     def first_token(self, reservation: Reservation) -> None:
-        self._table.end_prefill(reservation.id)
+        backend = self._table.end_prefill(reservation.id)
+        if backend is not None:
+            self._version[backend] += 1  # no round trip: the next SYNC (or PUT) publishes the smaller backlog
 
     async def _put(self, backend: str) -> None:
         self._version[backend] += 1
@@ -191,10 +198,10 @@ class RedisFleetState:
             return  # the next successful SYNC republishes it
         rec = self._table.records[backend]
         args: list[str | int] = [self.replica_id, self._ttl_ms(), self._k_load, backend, self._version[backend],
-                                 rec.inflight_requests, rec.inflight_tokens]  # fmt: skip
+                                 rec.inflight_requests, rec.inflight_tokens, rec.pending_prefill]  # fmt: skip
         reply = await self._call("PUT", [self._key_self(), self._k_replicas], args)
         if reply is not None:
-            self._table.set_other_load(backend, int(reply[0]), int(reply[1]))
+            self._table.set_other_load(backend, int(reply[0]), int(reply[1]), int(reply[2]))
 
     async def take_tokens(self, agent: str, requests: int, tokens: int, rpm: int | None, tpm: int | None) -> float:
         if rpm is None and tpm is None:
@@ -239,7 +246,7 @@ class RedisFleetState:
         workers = list(self._table.records.values())
         args: list[str | int] = [self.replica_id, self._ttl_ms(), self._k_load, self._k_probe, len(workers)]
         for r in workers:
-            args += [r.name, self._version[r.name], r.inflight_requests, r.inflight_tokens]
+            args += [r.name, self._version[r.name], r.inflight_requests, r.inflight_tokens, r.pending_prefill]
         reply = await self._call("SYNC", [self._key_self(), self._k_replicas], args, while_degraded=True)
         if reply is None:
             return False
@@ -269,18 +276,20 @@ class RedisFleetState:
             delay = self._opts.sync_interval_s if ok else min(MAX_BACKOFF_S, delay * 2)
 
     def _apply_load(self, replicas: list[list[Any]]) -> None:
-        others: dict[str, dict[str, tuple[int, int]]] = {}
+        others: dict[str, dict[str, tuple[int, int, int]]] = {}
         for rid, flat in replicas:
             if rid == self.replica_id:
                 continue
             h = _pairs(flat)
             others[rid] = {
-                w: (int(h.get(w + ":r", 0)), int(h.get(w + ":t", 0))) for w in self._table.records if w + ":v" in h
+                w: (int(h.get(w + ":r", 0)), int(h.get(w + ":t", 0)), int(h.get(w + ":p", 0)))
+                for w in self._table.records
+                if w + ":v" in h
             }
         self._others = others
         for w in self._table.records:
             loads = [load[w] for load in others.values() if w in load]
-            self._table.set_other_load(w, sum(r for r, _ in loads), sum(t for _, t in loads))
+            self._table.set_other_load(w, *(sum(n[k] for n in loads) for k in range(3)))
 
     def _apply_probe(self, backend: str, h: dict[str, str], now_ms: int) -> None:
         # (seq, at) rather than seq alone: a restarted Redis starts counting again.

@@ -64,6 +64,7 @@ class WorkerRecord:
     pending_prefill: int = 0  # prompt tokens of this process's requests with no first token yet
     other_requests: int = 0  # other replicas' reservations (shared states only)
     other_tokens: int = 0
+    other_prefill: int = 0  # other replicas' pending prefill tokens there (shared states only)
     metrics: ScrapedMetrics | None = None
     metrics_at: float | None = None
     last_success_at: float | None = None
@@ -124,18 +125,22 @@ class FleetTable:
             self._prefilling[key] = (backend, tokens)
             self.touch(backend).pending_prefill += tokens
 
-    def end_prefill(self, key: str) -> None:
-        """``key``'s prefill is done (its first token came) or moot (released): idempotent."""
+    def end_prefill(self, key: str) -> str | None:
+        """``key``'s prefill is done (its first token came) or moot (released): idempotent. Returns the
+        backend whose backlog shrank, if any."""
         hit = self._prefilling.pop(key, None)
-        if hit is not None:
-            rec = self.touch(hit[0])
-            rec.pending_prefill = max(0, rec.pending_prefill - hit[1])
+        if hit is None:
+            return None
+        rec = self.touch(hit[0])
+        rec.pending_prefill = max(0, rec.pending_prefill - hit[1])
+        return hit[0]
 
-    def set_other_load(self, backend: str, requests: int, tokens: int) -> None:
+    def set_other_load(self, backend: str, requests: int, tokens: int, prefill: int = 0) -> None:
+        """The other replicas' totals on ``backend``: in-flight requests, tokens, pending prefill tokens."""
         rec = self.records.get(backend)
-        if rec is not None and (rec.other_requests, rec.other_tokens) != (requests, tokens):
+        if rec is not None and (rec.other_requests, rec.other_tokens, rec.other_prefill) != (requests, tokens, prefill):
             self.touch(backend)
-            rec.other_requests, rec.other_tokens = requests, tokens
+            rec.other_requests, rec.other_tokens, rec.other_prefill = requests, tokens, prefill
 
     # -- health --
 
@@ -242,7 +247,7 @@ def _build(r: WorkerRecord, now: float) -> BackendView:
         tags=r.tags,
         inflight_requests=r.inflight_requests + r.other_requests,
         inflight_tokens=r.inflight_tokens + r.other_tokens,
-        pending_prefill_tokens=r.pending_prefill,
+        pending_prefill_tokens=r.pending_prefill + r.other_prefill,
         running=m.running if m else None,
         waiting=m.waiting if m else None,
         kv_usage=m.kv_usage if m else None,

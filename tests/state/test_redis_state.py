@@ -70,6 +70,34 @@ async def test_replicas_see_each_others_reservations(replicas: Make) -> None:
     assert a.stats().round_trips > 0 and a.stats().errors == 0
 
 
+def backlog(st: RedisFleetState, name: str) -> int:
+    v = st.snapshot().by_name(name)
+    assert v is not None
+    return v.pending_prefill_tokens
+
+
+async def test_replicas_see_each_others_prefill_backlog(replicas: Make) -> None:
+    """A streamed prompt awaiting its first token is every replica's backlog on that worker: at once
+    in the reply to another replica's reservation there, else by the next sync; its first token (no
+    round trip of its own) and its release take it off everywhere."""
+    a, b = await replicas(sync_interval_s=30.0), await replicas(sync_interval_s=0.05)
+    long = await a.reserve("a", 9000, prefill=8000)
+    short = await b.reserve("a", 400, prefill=300)  # the PUT reply carries A's backlog for worker a
+    assert backlog(b, "a") == 8300 and backlog(a, "a") == 8000  # A has not synced since (a long interval)
+    await a.sync()
+    assert backlog(a, "a") == 8300 and backlog(a, "b") == 0
+    a.first_token(long)
+    assert backlog(a, "a") == 300
+    assert backlog(b, "a") == 8300  # not yet published: A's next sync carries it
+    await a.sync()
+    await eventually(lambda: backlog(b, "a") == 300)
+    await b.release(short)  # released before its first token: off the backlog, and published with the release
+    await a.sync()
+    assert backlog(a, "a") == 0 and backlog(b, "a") == 0
+    await a.release(long)
+    await eventually(lambda: load(b, "a") == (0, 0) and backlog(b, "a") == 0)
+
+
 async def test_a_cancelled_caller_neither_leaks_a_reservation_nor_stops_a_release(
     private_redis: RedisServer, replicas: Make
 ) -> None:
