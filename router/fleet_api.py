@@ -76,7 +76,7 @@ def _backend_json(b: BackendView, predicted: dict[str, float]) -> dict[str, Any]
         "healthy": b.healthy,
         "inflight_requests": b.inflight_requests,
         "inflight_tokens": b.inflight_tokens,
-        "pending_prefill_tokens": b.pending_prefill_tokens,  # this gateway's streamed prompts awaiting a first token
+        "pending_prefill_tokens": b.pending_prefill_tokens,  # streamed prompts awaiting a first token (all replicas')
         "kv_budget_tokens": b.kv_budget_tokens,
         "kv_usage": b.kv_usage,
         "running": b.running,

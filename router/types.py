@@ -52,7 +52,7 @@ class BackendView:
     # prompt tokens of this gateway's (and, with Redis, every replica's) streamed requests on the worker that
     # have had no first token yet: the prefill work queued ahead of a new request (vLLM admits up to
     # max_num_seqs requests as "running" before their prefill is done, so its waiting count does not show it);
-    # other replicas' first tokens reach this view with their next sync
+    # other replicas' first tokens reach this view within about two sync intervals
     pending_prefill_tokens: int = 0
     running: int | None = None  # scraped vllm:num_requests_running (None until the first scrape)
     waiting: int | None = None  # scraped vllm:num_requests_waiting

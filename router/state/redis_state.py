@@ -8,7 +8,9 @@ Each replica keeps the same local :class:`~router.state.table.FleetTable` as the
   reply is the other replicas' totals for that worker: one round trip each, two per request. The
   numbers are in-flight requests, tokens and the *prefill backlog* (streamed prompts' tokens with no
   first token yet); a first token shrinks the backlog locally and reaches the others with the next
-  SYNC (no round trip of its own), so their view of it lags by at most ``sync_interval_s``.
+  SYNC (no round trip of its own): the others see it after their own next SYNC or PUT, about two
+  ``sync_interval_s`` at most. While degraded, the others' backlog is dropped from the view (it is
+  seconds old work, and no SYNC would clear it); their requests and tokens stay as last seen.
 * **Leases.** A background task runs ``SYNC`` every ``sync_interval_s``: one round trip that
   heartbeats (renews this replica's load hash for ``lease_ttl_s``), republishes all its numbers,
   and reads every live replica's load and every worker's last probe. A replica that dies without
@@ -398,6 +400,7 @@ class RedisFleetState:
             if not self._degraded:
                 self._degraded = True
                 self._degraded_events += 1
+                self._table.drop_other_prefill()  # seconds-old work that no SYNC will clear now
                 log.warning("fleet state: Redis unreachable (%s); serving on the local view", exc or type(exc).__name__)
             return None
 

@@ -135,6 +135,12 @@ class FleetTable:
         rec.pending_prefill = max(0, rec.pending_prefill - hit[1])
         return hit[0]
 
+    def drop_other_prefill(self) -> None:
+        """Forget the other replicas' prefill backlog (a shared state lost touch with them)."""
+        for rec in self.records.values():
+            if rec.other_prefill:
+                self.touch(rec.name).other_prefill = 0
+
     def set_other_load(self, backend: str, requests: int, tokens: int, prefill: int = 0) -> None:
         """The other replicas' totals on ``backend``: in-flight requests, tokens, pending prefill tokens."""
         rec = self.records.get(backend)

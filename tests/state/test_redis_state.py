@@ -80,19 +80,21 @@ async def test_replicas_see_each_others_prefill_backlog(replicas: Make) -> None:
     """A streamed prompt awaiting its first token is every replica's backlog on that worker: at once
     in the reply to another replica's reservation there, else by the next sync; its first token (no
     round trip of its own) and its release take it off everywhere."""
-    a, b = await replicas(sync_interval_s=30.0), await replicas(sync_interval_s=0.05)
+    a = await replicas(sync_interval_s=30.0, op_timeout_s=2.0)
+    b = await replicas(sync_interval_s=0.05, op_timeout_s=2.0)
     long = await a.reserve("a", 9000, prefill=8000)
     short = await b.reserve("a", 400, prefill=300)  # the PUT reply carries A's backlog for worker a
+    assert not a.degraded and not b.degraded
     assert backlog(b, "a") == 8300 and backlog(a, "a") == 8000  # A has not synced since (a long interval)
-    await a.sync()
+    assert await a.sync()
     assert backlog(a, "a") == 8300 and backlog(a, "b") == 0
     a.first_token(long)
     assert backlog(a, "a") == 300
     assert backlog(b, "a") == 8300  # not yet published: A's next sync carries it
-    await a.sync()
+    assert await a.sync()
     await eventually(lambda: backlog(b, "a") == 300)
     await b.release(short)  # released before its first token: off the backlog, and published with the release
-    await a.sync()
+    assert await a.sync()
     assert backlog(a, "a") == 0 and backlog(b, "a") == 0
     await a.release(long)
     await eventually(lambda: load(b, "a") == (0, 0) and backlog(b, "a") == 0)
@@ -263,6 +265,21 @@ async def test_outage_serves_locally_then_reconciles(private_redis: RedisServer,
     await a.release(r3)
     await eventually(lambda: load(b, "a") == (0, 0) and load(b, "b") == (0, 0))
     assert a.stats().degraded_events == 1
+
+
+async def test_outage_drops_the_other_replicas_backlog(private_redis: RedisServer, replicas: Make) -> None:
+    """Without Redis a replica cannot learn that the others' prompts got their first tokens: it keeps
+    their requests and tokens as last seen (conservative for KV room) but drops their seconds-old
+    prefill backlog from its view, and learns it again once Redis is back."""
+    a = await replicas(private_redis.url, op_timeout_s=0.2)
+    b = await replicas(private_redis.url, op_timeout_s=0.2)
+    await b.reserve("a", 5000, prefill=4000)
+    await eventually(lambda: backlog(a, "a") == 4000)
+    private_redis.stop()
+    await eventually(lambda: a.degraded)
+    assert backlog(a, "a") == 0 and load(a, "a") == (1, 5000)
+    private_redis.start()  # empty: B's reconcile republishes its numbers, A reads them again
+    await eventually(lambda: backlog(a, "a") == 4000, within=5.0)
 
 
 async def test_unreachable_at_start_comes_up_degraded(redis_prefix: str) -> None:
