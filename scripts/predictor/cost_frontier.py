@@ -1,12 +1,12 @@
 """Plot the measured latency / task-success frontier of ``scripts/predictor/cost_sweep.sh``.
 
-    python scripts/predictor/cost_frontier.py logs/cost-sweep/results.json --out docs/results/cost-frontier.png
+    python scripts/predictor/cost_frontier.py logs/cost-sweep/results.json --out docs/results/pred-cost-frontier.png
 
 One panel per rate: workflow e2e p50 (mean over seeds) against task success (mean over seeds, with
 the seeds' standard deviation as error bars), the predictive rows (``predictive_w<cost>``) as one curve
 labelled by ``wrong_answer_s``, round robin and least outstanding as single points. Also prints, per
 rate and policy, the task success pooled over the seeds' workflows with its 95 % Wilson interval (a
-run has 35-70 workflows, so one seed's success moves by several points on its own).
+run has ~30-65 workflows, so one seed's success moves by several points on its own).
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ def _points(entries: list[dict[str, Any]]) -> dict[float, dict[str, tuple[float,
         ok = [r["task_success"] for r in runs]
         out[rate][policy] = (statistics.mean(wf), statistics.pstdev(wf), statistics.mean(ok), statistics.pstdev(ok))
     return out
+
+
+def _clock(entries: list[dict[str, Any]]) -> str:
+    speedups = sorted({e["config"].get("speedup", 1.0) for e in entries})
+    return "wall clock" if speedups == [1.0] else "wall clock; sims at speedup " + "/".join(f"{s:g}" for s in speedups)
 
 
 def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -84,7 +89,7 @@ def main() -> None:
             if policy in by:
                 x, xe, y, ye = by[policy]
                 ax.errorbar([x], [y], xerr=[xe], yerr=[ye], marker=marker, capsize=3, linestyle="", label=policy)
-        ax.set_title(f"mixed, {rate:g} workflows/s (wall; sims at speedup 0.25)", fontsize=9)
+        ax.set_title(f"{rate:g} workflows/s ({_clock(entries)})", fontsize=9)
         ax.set_xlabel("workflow e2e p50 (ms, mean over seeds)")
         ax.set_ylabel("task success (mean over seeds)")
         ax.grid(alpha=0.3)

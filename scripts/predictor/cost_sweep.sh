@@ -7,11 +7,11 @@
 #   MODEL=logs/hetero.pkl OUT=logs/cost-sweep bash scripts/predictor/cost_sweep.sh
 #   python scripts/predictor/policy_table.py logs/cost-sweep/results.json
 #
-# COSTS (default "0 3 6 12 24"), RATES ("2,4"), SEEDS ("1,2,3"), DURATION (15) may be overridden. Run
+# COSTS (default "0 3 6 12 24", spaces or commas), RATES ("2,4"), SEEDS ("1,2,3"), DURATION (15) may be overridden. Run
 # from the repository root with the venv active; the learned model is trained as docs/BENCHMARKS.md says.
 set -euo pipefail
 MODEL=${MODEL:-logs/hetero.pkl} OUT=${OUT:-logs/cost-sweep}
-COSTS=${COSTS:-0 3 6 12 24} RATES=${RATES:-2,4} SEEDS=${SEEDS:-1,2,3} DURATION=${DURATION:-15}
+COSTS=$(tr ',' ' ' <<< "${COSTS:-0 3 6 12 24}") RATES=${RATES:-2,4} SEEDS=${SEEDS:-1,2,3} DURATION=${DURATION:-15}
 [ -f "$MODEL" ] || { echo "cost_sweep: no model at $MODEL (see docs/BENCHMARKS.md for the training commands)" >&2; exit 2; }
 mkdir -p "$OUT"
 bench() {  # config, policies, out
