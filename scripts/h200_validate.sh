@@ -33,7 +33,8 @@ DRAIN_mixed=${DRAIN_mixed:-30}; BOOT_S=${BOOT_S:-300}
 CHIMERA="python3 -m router.cli"
 el() { echo "+$(( $(date +%s) - T0 )) s"; }
 collect() {
-  for wl in $WORKLOADS; do python3 scripts/real_vllm.py merge "$OUT/real-$wl.json" $L/bench-$wl-* 2>/dev/null; done
+  # this seed's runs only: on a warm machine (KEEP=1) the logs folder still holds earlier calls' seeds
+  for wl in $WORKLOADS; do python3 scripts/real_vllm.py merge "$OUT/real-$wl.json" $L/bench-$wl-*-s$SEED 2>/dev/null; done
   cp "$L/workers-up.log" "$OUT/" 2>/dev/null
   { echo "elapsed $(el)"; nvidia-smi 2>&1 | head -25; cat "$L/versions.txt" 2>/dev/null; } > "$OUT/summary.txt"
   tar -C "$L" --exclude='*.whl' -czf "$OUT/logs.tgz" . 2>/dev/null
