@@ -11,7 +11,8 @@
 # 4. `chimera bench` per workload and policy, prefix caches reset between runs (VLLM_SERVER_DEV_MODE=1).
 # 5. $OUT (<= 8 files): real-chat.json, real-mixed.json, workers-up.log, summary.txt, logs.tgz
 # Knobs (environment): REAL (config), SEED, RATES_chat / RATES_mixed (space-separated lists), REPLICAS (gateway
-# processes per run, sharing Redis: starts .gpu/c/redis-bin/redis-server when none answers), COLOCATE=1 (probe
+# processes per run, sharing Redis: starts .gpu/c/redis-bin/redis-server when none answers), CLIENTS (load-client
+# processes per run: `chimera bench --clients`), COLOCATE=1 (probe
 # the workers sharing a GPU first: $OUT/colocate.json; COLOCATE_ARGS: more colocate.py probe options, e.g.
 # "--alone --sampling greedy,bench", each worker's decode alone with the probes' and the bench's sampling), KEEP=1 (leave the workers running for the next call;
 # a call that finds them all healthy skips the boot), BENCH_VOCAB=1 (a tokenizer with the bench's words: scripts/calibrate/bench_vocab.py).
@@ -27,7 +28,7 @@ REAL=${REAL:-examples/h200-real.yaml}
 POLICIES=${POLICIES:-"round_robin least_outstanding predictive"}
 WORKLOADS=${WORKLOADS:-"chat mixed"}
 RATES_chat=${RATES_chat:-6}; RATES_mixed=${RATES_mixed:-1}        # workflows/s (chat: requests/s)
-SEED=${SEED:-1}; REPLICAS=${REPLICAS:-1}
+SEED=${SEED:-1}; REPLICAS=${REPLICAS:-1}; CLIENTS=${CLIENTS:-1}
 WARMUP=${WARMUP:-4}; DUR_chat=${DUR_chat:-16}; DUR_mixed=${DUR_mixed:-20}; DRAIN_chat=${DRAIN_chat:-15}
 DRAIN_mixed=${DRAIN_mixed:-30}; BOOT_S=${BOOT_S:-300}
 CHIMERA="python3 -m router.cli"
@@ -120,7 +121,7 @@ for wl in $WORKLOADS; do
     left=$(( END - $(date +%s) - 10 )); [ $need -gt $left ] && drain=$((left - WARMUP - dur - 12))
     echo "=== bench $wl $pol rate=$rate seed=$SEED replicas=$REPLICAS dur=$dur drain=$drain $(el)"
     timeout $((WARMUP + dur + drain + 40)) $CHIMERA bench --config "$L/bench-real.yaml" --workload "$wl" --policies "$pol" \
-      --rate "$rate" --duration "$dur" --warmup "$WARMUP" --drain "$drain" --seed "$SEED" --replicas "$REPLICAS" \
+      --rate "$rate" --duration "$dur" --warmup "$WARMUP" --drain "$drain" --seed "$SEED" --replicas "$REPLICAS" --clients "$CLIENTS" \
       --no-plots --out "$L/bench-$wl-$pol-r$rate-s$SEED" 2>&1 | grep -v "^\s*$" | tail -4
   done
   done

@@ -48,6 +48,13 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         default=1,
         help="gateway processes per run, sharing one port and the config's redis:// state",
     )
+    b.add_argument(
+        "--clients",
+        type=int,
+        default=1,
+        help="load-client processes per run, the workflows split among them (use several above ~10 streamed "
+        "requests/s: one process's SDK adds queueing of its own)",
+    )
     b.add_argument("--no-pin", action="store_true", help="overhead: do not pin processes to cores")
 
 
@@ -57,6 +64,7 @@ def _check(args: argparse.Namespace) -> None:
         "--speedup": args.speedup,
         "--users": args.users,
         "--replicas": args.replicas,
+        "--clients": args.clients,
     }
     for key, value in positive.items():
         if value is not None and value <= 0:
@@ -90,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         config_path=args.config, workload=args.workload, policies=tuple(policies), rates=tuple(args.rate),
         users=args.users, duration_s=args.duration, warmup_s=args.warmup, seeds=seeds, out=args.out,
         speedup=args.speedup, drain_s=args.drain, plots=not args.no_plots, replicas=args.replicas,
+        clients=args.clients,
     )  # fmt: skip
     run_bench(spec)
     return 0

@@ -9,7 +9,11 @@ the answer's ``X-Request-Id``), so the quality model learns which model answers 
 one nothing extra is sent (the comparison's load stays the workload's).
 
 Two ways to offer load: :func:`open_loop` (Poisson arrivals of workflows at a rate) and
-:func:`closed_loop` (N users, each starting a new workflow as soon as its last one ends).
+:func:`closed_loop` (N users, each starting a new workflow as soon as its last one ends). One
+process's event loop parsing every streamed chunk through the SDK becomes the bottleneck at a few
+thousand chunks/s (~20 streamed requests/s of a few hundred tokens), so the load can be split over
+``--clients`` processes (:func:`run_shard`): shard ``k`` of ``n`` runs workflow (or user) ``i``
+where ``i % n == k``, on the same arrival times and the same clock origin.
 """
 
 from __future__ import annotations
@@ -170,11 +174,15 @@ def poisson_arrivals(rate: float, horizon_s: float, seed: int) -> list[float]:
 
 async def open_loop(
     clients: AgentClients, workload: str, seed: int, rate: float, horizon_s: float, drain_s: float,
-    log: RunLog, on_request: Progress, t0: float,
+    log: RunLog, on_request: Progress, t0: float, shard: tuple[int, int] = (0, 1),
 ) -> None:  # fmt: skip
-    """Start workflow ``i`` at the ``i``-th Poisson arrival; wait up to ``drain_s`` for stragglers."""
+    """Start workflow ``i`` at the ``i``-th Poisson arrival; wait up to ``drain_s`` for stragglers.
+    ``shard`` ``(k, n)``: only the workflows with ``i % n == k``."""
     tasks: list[asyncio.Task[None]] = []
+    k, n = shard
     for i, at in enumerate(poisson_arrivals(rate, horizon_s, seed)):
+        if i % n != k:
+            continue
         await asyncio.sleep(max(0.0, at - (time.monotonic() - t0)))
         tasks.append(asyncio.create_task(run_workflow(clients, make_workflow(workload, seed, i), log, t0, on_request)))
     await asyncio.sleep(max(0.0, horizon_s - (time.monotonic() - t0)))
@@ -183,9 +191,10 @@ async def open_loop(
 
 async def closed_loop(
     clients: AgentClients, workload: str, seed: int, users: int, horizon_s: float, drain_s: float,
-    log: RunLog, on_request: Progress, t0: float,
+    log: RunLog, on_request: Progress, t0: float, shard: tuple[int, int] = (0, 1),
 ) -> None:  # fmt: skip
-    """``users`` users; user ``u``'s ``k``-th workflow is index ``u * 1_000_000 + k``."""
+    """``users`` users; user ``u``'s ``k``-th workflow is index ``u * 1_000_000 + k``. ``shard``
+    ``(k, n)``: only the users with ``u % n == k``."""
 
     async def user(u: int) -> None:
         await asyncio.sleep(random.Random(f"user:{seed}:{u}").uniform(0, 1.0))  # stagger the start
@@ -194,9 +203,51 @@ async def closed_loop(
             await run_workflow(clients, make_workflow(workload, seed, u * 1_000_000 + k), log, t0, on_request)
             k += 1
 
-    tasks = [asyncio.create_task(user(u)) for u in range(users)]
+    tasks = [asyncio.create_task(user(u)) for u in range(users) if u % shard[1] == shard[0]]
     await asyncio.sleep(max(0.0, horizon_s - (time.monotonic() - t0)))
     await _drain(tasks, drain_s)
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """What one load-client process runs (picklable: it crosses to a spawned process)."""
+
+    url: str
+    config: Config
+    workload: str
+    kind: str  # "rate" or "users"
+    load: float
+    seed: int
+    horizon_s: float
+    drain_s: float
+    shard: tuple[int, int]
+
+
+def warm_up() -> None:
+    """Run in each client process before the clock starts: the SDK imported, the process up."""
+    import openai  # noqa: F401
+
+    time.sleep(0.3)  # long enough that the pool hands each warm-up to a process of its own
+
+
+def run_shard(job: ShardJob, t0_epoch: float) -> RunLog:
+    """One load-client process's share of the run (``t0_epoch``: the run's origin, ``time.time()``)."""
+    return asyncio.run(_run_shard(job, t0_epoch))
+
+
+async def _run_shard(job: ShardJob, t0_epoch: float) -> RunLog:
+    log = RunLog()
+    clients = AgentClients(job.url, job.config)
+    t0 = time.monotonic() - (time.time() - t0_epoch)  # the parent's origin on this process's monotonic clock
+    try:
+        args = (job.horizon_s, job.drain_s, log, lambda _: None, t0)
+        if job.kind == "users":
+            await closed_loop(clients, job.workload, job.seed, int(job.load), *args, shard=job.shard)
+        else:
+            await open_loop(clients, job.workload, job.seed, job.load, *args, shard=job.shard)
+    finally:
+        await clients.close()
+    return log
 
 
 async def _drain(tasks: list[asyncio.Task[None]], drain_s: float) -> None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import multiprocessing
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ class BenchSpec:
     drain_s: float | None = None
     plots: bool = True
     replicas: int = 1  # gateway processes sharing one port and the config's Redis state
+    clients: int = 1  # load-client processes (the workflows split among them)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -183,7 +186,7 @@ def run_one(
         "file": spec.config_path, "workload": spec.workload, "policy": policy, kind: load, "seed": seed,
         "duration_s": spec.duration_s, "warmup_s": spec.warmup_s, "drain_s": drain, "speedup": speedup,
         "sla_scale": round(1.0 / speedup, 4), "clock": "wall-clock latencies and rates (see speedup)",
-        "gateway_replicas": spec.replicas,
+        "gateway_replicas": spec.replicas, "client_processes": spec.clients,
         "backends": [{"name": b.name, "model": b.model, "kv_budget_tokens": b.kv_budget_tokens,
                       "tags": list(b.tags), **({"sim": b.sim.model_dump(),
                                                 "profile_sha256": _profile_digest(b.sim.profile)} if b.sim else {})}
@@ -201,7 +204,16 @@ async def _drive(
     make_workflow(spec.workload, seed, 0)  # fail fast on a bad workload before any load
     workers = {b.name: b.url for b in cfg.backends}
     before = await bc.scrape_workers(workers)  # real workers count from their start, not this run's
-    t0 = time.monotonic()
+    pool = _client_pool(spec.clients)
+    loop = asyncio.get_running_loop()
+    if pool is not None:  # the processes up and the SDK imported before the clock starts
+        try:
+            await asyncio.gather(*(loop.run_in_executor(pool, bc.warm_up) for _ in range(spec.clients)))
+        except BaseException:
+            await clients.close()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    t0, t0_epoch = time.monotonic(), time.time()
     done = [0]
 
     def on_request(n: int) -> None:
@@ -214,7 +226,15 @@ async def _drive(
 
     pollers = [asyncio.create_task(bc.poll_fleet(url, log, t0)), asyncio.create_task(tick())]
     try:
-        if kind == "users":
+        if pool is not None:
+            jobs = [bc.ShardJob(url, cfg, spec.workload, kind, load, seed, horizon, drain, (k, spec.clients))
+                    for k in range(spec.clients)]  # fmt: skip
+            parts = await asyncio.gather(*(loop.run_in_executor(pool, bc.run_shard, j, t0_epoch) for j in jobs))
+            for part in parts:
+                log.requests.extend(part.requests)
+                log.workflows.extend(part.workflows)
+                on_request(len(part.requests))
+        elif kind == "users":
             await bc.closed_loop(clients, spec.workload, seed, int(load), horizon, drain, log, on_request, t0)
         else:
             await bc.open_loop(clients, spec.workload, seed, load, horizon, drain, log, on_request, t0)
@@ -224,6 +244,13 @@ async def _drive(
             p.cancel()
         await asyncio.gather(*pollers, return_exceptions=True)
         await clients.close()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _client_pool(n: int) -> ProcessPoolExecutor | None:
+    """``n`` > 1 load-client processes (spawned: the bench's event loop and threads are not forked)."""
+    return ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) if n > 1 else None
 
 
 def _profile_digest(name: str) -> str | None:

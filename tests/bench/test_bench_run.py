@@ -175,3 +175,27 @@ def test_replicas_need_redis_state() -> None:
     proc = _bench("--config", str(ROOT / "examples" / "quickstart.yaml"), "--workload", "chat", "--rate", "1",
                   "--replicas", "2")  # fmt: skip
     assert proc.returncode == 2 and "--replicas" in proc.stderr and "redis" in proc.stderr, proc.stderr
+
+
+def test_load_split_over_client_processes_runs_the_same_workflows(tmp_path: Path) -> None:
+    """`--clients 2`: two spawned client processes share the run's clock and arrivals; together they run
+    exactly the workflows one process runs (workflow i goes to process i % 2), and their requests are
+    all in the one results entry."""
+    entries = {}
+    for n in (1, 2):
+        spec = BenchSpec(
+            config_path=str(ROOT / "examples" / "quickstart.yaml"), workload="mixed", policies=("round_robin",),
+            rates=(6.0,), users=None, duration_s=1.0, warmup_s=0.2, seeds=(3,), out=str(tmp_path / f"c{n}"),
+            speedup=25.0, drain_s=15.0, plots=False, clients=n,
+        )  # fmt: skip
+        run_bench(spec)
+        (entries[n],) = json.loads((tmp_path / f"c{n}" / "results.json").read_text())
+        assert entries[n]["errors"] == 0 and entries[n]["config"]["client_processes"] == n
+    assert entries[1]["workflows"] == entries[2]["workflows"] > 2
+    assert entries[2]["requests"] > 0
+
+    def workflow_ids(n: int) -> set[str]:
+        logs = (tmp_path / f"c{n}" / "logs").glob("requests-*.jsonl")
+        return {json.loads(line)["workflow_id"] for p in logs for line in p.read_text().splitlines()}
+
+    assert workflow_ids(1) == workflow_ids(2)
