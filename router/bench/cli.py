@@ -75,6 +75,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("every rate must be positive", key="--rate")
     if args.users is not None and args.rate:
         raise ConfigError("give --rate or --users, not both", key="--users")
+    if args.workload == "overhead" and args.clients != 1:
+        raise ConfigError("the overhead workload has a client of its own (one process)", key="--clients")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import time
 from collections.abc import Callable
@@ -223,22 +224,23 @@ class ShardJob:
     shard: tuple[int, int]
 
 
-def warm_up() -> None:
-    """Run in each client process before the clock starts: the SDK imported, the process up."""
+def warm_up() -> int:
+    """Run in each client process before the clock starts (the SDK imported, the process up); its pid."""
     import openai  # noqa: F401
 
-    time.sleep(0.3)  # long enough that the pool hands each warm-up to a process of its own
+    time.sleep(0.2)  # so the pool hands the other warm-ups to other processes
+    return os.getpid()
 
 
-def run_shard(job: ShardJob, t0_epoch: float) -> RunLog:
-    """One load-client process's share of the run (``t0_epoch``: the run's origin, ``time.time()``)."""
-    return asyncio.run(_run_shard(job, t0_epoch))
+def run_shard(job: ShardJob, t0: float) -> RunLog:
+    """One load-client process's share of the run. ``t0``: the run's origin on ``time.monotonic()``, a
+    system-wide clock (CLOCK_MONOTONIC), so every process's records share it."""
+    return asyncio.run(_run_shard(job, t0))
 
 
-async def _run_shard(job: ShardJob, t0_epoch: float) -> RunLog:
+async def _run_shard(job: ShardJob, t0: float) -> RunLog:
     log = RunLog()
     clients = AgentClients(job.url, job.config)
-    t0 = time.monotonic() - (time.time() - t0_epoch)  # the parent's origin on this process's monotonic clock
     try:
         args = (job.horizon_s, job.drain_s, log, lambda _: None, t0)
         if job.kind == "users":

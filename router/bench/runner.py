@@ -206,14 +206,20 @@ async def _drive(
     before = await bc.scrape_workers(workers)  # real workers count from their start, not this run's
     pool = _client_pool(spec.clients)
     loop = asyncio.get_running_loop()
-    if pool is not None:  # the processes up and the SDK imported before the clock starts
+    if pool is not None:  # every process up and the SDK imported before the clock starts
         try:
-            await asyncio.gather(*(loop.run_in_executor(pool, bc.warm_up) for _ in range(spec.clients)))
+            pids: set[int] = set()
+            for _ in range(10):  # the pool may hand two warm-ups to one process: again until each is up
+                warm = [loop.run_in_executor(pool, bc.warm_up) for _ in range(spec.clients)]
+                pids |= set(await asyncio.gather(*warm))
+                if len(pids) >= spec.clients:
+                    break
         except BaseException:
             await clients.close()
-            pool.shutdown(wait=True, cancel_futures=True)
+            _stop_pool(pool, finished=False)
             raise
-    t0, t0_epoch = time.monotonic(), time.time()
+    t0 = time.monotonic()
+    finished = False
     done = [0]
 
     def on_request(n: int) -> None:
@@ -229,7 +235,7 @@ async def _drive(
         if pool is not None:
             jobs = [bc.ShardJob(url, cfg, spec.workload, kind, load, seed, horizon, drain, (k, spec.clients))
                     for k in range(spec.clients)]  # fmt: skip
-            parts = await asyncio.gather(*(loop.run_in_executor(pool, bc.run_shard, j, t0_epoch) for j in jobs))
+            parts = await asyncio.gather(*(loop.run_in_executor(pool, bc.run_shard, j, t0) for j in jobs))
             for part in parts:
                 log.requests.extend(part.requests)
                 log.workflows.extend(part.workflows)
@@ -238,6 +244,7 @@ async def _drive(
             await bc.closed_loop(clients, spec.workload, seed, int(load), horizon, drain, log, on_request, t0)
         else:
             await bc.open_loop(clients, spec.workload, seed, load, horizon, drain, log, on_request, t0)
+        finished = True
         return bc.counters_since(before, await bc.scrape_workers(workers))
     finally:
         for p in pollers:
@@ -245,7 +252,16 @@ async def _drive(
         await asyncio.gather(*pollers, return_exceptions=True)
         await clients.close()
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            _stop_pool(pool, finished)
+
+
+def _stop_pool(pool: ProcessPoolExecutor, finished: bool) -> None:
+    """Shut the client processes down; when the run did not finish (interrupted, a shard failed), terminate
+    them first rather than wait out their horizon and drain while they keep sending load."""
+    if not finished:
+        for proc in list(getattr(pool, "_processes", {}).values()):  # no public API before Python 3.14
+            proc.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _client_pool(n: int) -> ProcessPoolExecutor | None:

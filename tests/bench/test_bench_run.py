@@ -123,6 +123,8 @@ def test_bad_arguments_exit_2_with_one_line() -> None:
         ("--config", cfg, "--workload", "chat", "--rate", "1", "--policies", "fastest"),
         ("--config", cfg, "--workload", "chat", "--rate", "-1"),
         ("--workload", "chat", "--rate", "1"),
+        ("--config", cfg, "--workload", "chat", "--rate", "1", "--clients", "0"),
+        ("--workload", "overhead", "--rate", "100", "--clients", "2"),
     ):
         proc = _bench(*args)
         assert proc.returncode == 2, (args, proc.stderr)
