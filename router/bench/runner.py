@@ -206,32 +206,23 @@ async def _drive(
     before = await bc.scrape_workers(workers)  # real workers count from their start, not this run's
     pool = _client_pool(spec.clients)
     loop = asyncio.get_running_loop()
-    if pool is not None:  # every process up and the SDK imported before the clock starts
-        try:
-            pids: set[int] = set()
-            for _ in range(10):  # the pool may hand two warm-ups to one process: again until each is up
-                warm = [loop.run_in_executor(pool, bc.warm_up) for _ in range(spec.clients)]
-                pids |= set(await asyncio.gather(*warm))
-                if len(pids) >= spec.clients:
-                    break
-        except BaseException:
-            await clients.close()
-            _stop_pool(pool, finished=False)
-            raise
-    t0 = time.monotonic()
+    pollers: list[asyncio.Task[None]] = []
     finished = False
-    done = [0]
-
-    def on_request(n: int) -> None:
-        done[0] += n
-
-    async def tick() -> None:
-        while True:
-            show(done[0], time.monotonic() - t0)
-            await asyncio.sleep(0.5)
-
-    pollers = [asyncio.create_task(bc.poll_fleet(url, log, t0)), asyncio.create_task(tick())]
     try:
+        if pool is not None:  # every process up and the SDK imported before the clock starts
+            await _warm_up(pool, spec.clients)
+        t0 = time.monotonic()
+        done = [0]
+
+        def on_request(n: int) -> None:
+            done[0] += n
+
+        async def tick() -> None:
+            while True:
+                show(done[0], time.monotonic() - t0)
+                await asyncio.sleep(0.5)
+
+        pollers = [asyncio.create_task(bc.poll_fleet(url, log, t0)), asyncio.create_task(tick())]
         if pool is not None:
             jobs = [bc.ShardJob(url, cfg, spec.workload, kind, load, seed, horizon, drain, (k, spec.clients))
                     for k in range(spec.clients)]  # fmt: skip
@@ -253,6 +244,16 @@ async def _drive(
         await clients.close()
         if pool is not None:
             _stop_pool(pool, finished)
+
+
+async def _warm_up(pool: ProcessPoolExecutor, n: int) -> None:
+    """Until each of the ``n`` processes has run :func:`bench.client.warm_up` (the pool may hand two
+    warm-ups to one process, so again until ``n`` distinct ones answered; 10 rounds at most)."""
+    loop, pids = asyncio.get_running_loop(), set[int]()
+    for _ in range(10):
+        pids |= set(await asyncio.gather(*(loop.run_in_executor(pool, bc.warm_up) for _ in range(n))))
+        if len(pids) >= n:
+            return
 
 
 def _stop_pool(pool: ProcessPoolExecutor, finished: bool) -> None:

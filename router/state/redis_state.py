@@ -71,6 +71,7 @@ PREFIX_READ_BATCH = 32  # entries read per sync at most (the rest: the next one)
 PREFIX_PENDING_MAX = 1_024  # prompts queued for the next sync at most (the oldest are dropped)
 PREFIX_STALE_MS = 5_000  # older news is skipped, and a reader that far behind jumps to the stream's end
 PROBE_LEASE_INTERVALS = 3  # a probe lease outlives its holder by this many probe intervals
+_Load = tuple[int, int, int]  # a replica's in-flight requests, tokens and pending prefill tokens on a worker
 
 
 class RedisFleetState:
@@ -93,9 +94,7 @@ class RedisFleetState:
         self._ids = itertools.count(1)
         self._version = dict.fromkeys(self._table.records, 0)
         self._probe_seen: dict[str, tuple[str, str]] = {}  # worker -> (seq, at) of the last probe applied
-        self._others: dict[
-            str, dict[str, tuple[int, int, int]]
-        ] = {}  # replica -> worker -> (requests, tokens, prefill)
+        self._others: dict[str, dict[str, _Load]] = {}  # replica -> worker -> its numbers there
         p = "{" + options.prefix + "}"
         self._k_replicas, self._k_load, self._k_probe, self._k_lease, self._k_prefix = (
             f"{p}:replicas", f"{p}:load:", f"{p}:probe:", f"{p}:lease:", f"{p}:prefix",
@@ -278,7 +277,7 @@ class RedisFleetState:
             delay = self._opts.sync_interval_s if ok else min(MAX_BACKOFF_S, delay * 2)
 
     def _apply_load(self, replicas: list[list[Any]]) -> None:
-        others: dict[str, dict[str, tuple[int, int, int]]] = {}
+        others: dict[str, dict[str, _Load]] = {}
         for rid, flat in replicas:
             if rid == self.replica_id:
                 continue
