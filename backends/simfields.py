@@ -25,10 +25,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2 as httpx
 
 from backends.asgi import read_body
 from backends.sim.textgen import chat_text, draw_answer
+from backends.transport import AiohttpTransport
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -105,8 +106,12 @@ class SimFieldsProxy:
         self.upstream = upstream.rstrip("/")
         self.quality = quality
         self.seed = seed
-        self.client = client or httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0),
-                                                  limits=httpx.Limits(max_connections=None))  # fmt: skip
+        # The gateway's own wire (aiohttp's pool and parser under httpx's API): a hop the real runs have
+        # and the simulated ones do not, so it should cost as little as the gateway's does.
+        self.client = client or httpx.AsyncClient(
+            transport=AiohttpTransport(httpx.Limits(max_connections=None, keepalive_expiry=30.0)),
+            timeout=httpx.Timeout(600.0, connect=5.0), trust_env=False,
+        )  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -175,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from backends.sim.profile import load_profile
+    from router.wire import SERVER_OPTIONS
 
     p = argparse.ArgumentParser(prog="python -m backends.simfields", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
@@ -184,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="the sim seed the verdicts follow")
     args = p.parse_args(argv)
     app = SimFieldsProxy(args.upstream, quality=load_profile(args.profile).quality, seed=args.seed)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(app, host=args.host, port=args.port, **SERVER_OPTIONS)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@
 # processes per run: `chimera bench --clients`), COLOCATE=1 (probe
 # the workers sharing a GPU first: $OUT/colocate.json; COLOCATE_ARGS: more colocate.py probe options, e.g.
 # "--alone --sampling greedy,bench", each worker's decode alone with the probes' and the bench's sampling), KEEP=1 (leave the workers running for the next call;
-# a call that finds them all healthy skips the boot), BENCH_VOCAB=1 (a tokenizer with the bench's words: scripts/calibrate/bench_vocab.py).
+# a call that finds them all healthy skips the boot), CHAT_PROBE=1 (chat vs completions TTFT, direct and proxied, per worker), BENCH_VOCAB=1 (a tokenizer with the bench's words: scripts/calibrate/bench_vocab.py).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 \
@@ -108,6 +108,16 @@ done < "$L/backends.txt"
 while read -r name port model profile seed; do
   for _ in $(seq 50); do curl -sf -m 2 "localhost:$((port + 1000))/health" > /dev/null && break; sleep 0.2; done
 done < "$L/backends.txt"
+
+# CHAT_PROBE=1: each worker's TTFT for chat vs plain completions, directly and through its proxy ($OUT/chat-<name>.json;
+# scripts/calibrate/chat_probe.py): the profiles were fitted on completions, the bench sends chat
+if [ "${CHAT_PROBE:-0}" = 1 ]; then
+  while read -r name port model rest; do
+    timeout 120 python3 scripts/calibrate/chat_probe.py --model "$model" --reps "${CHAT_REPS:-15}" \
+      --target direct=http://127.0.0.1:$port --target proxy=http://127.0.0.1:$((port + 1000)) --out "$OUT/chat-$name.json"
+  done < "$L/backends.txt"
+  echo "chat probe done $(el)"
+fi
 
 # 4. the bench, one policy at a time, caches reset in between
 for wl in $WORKLOADS; do
