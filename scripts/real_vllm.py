@@ -118,6 +118,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         config=args.config, workload=args.workload, policies=(args.policy,), rate=(args.rate * x,), users=None,
         duration=args.duration / x, warmup=args.warmup / x, drain=args.drain / x, seed=args.seed, seeds=None,
         out=args.out, speedup=x, no_plots=True, replicas=args.replicas, no_pin=False,
+        clients=1,  # one load client: the patched arrivals above do not reach spawned client processes
     ))  # fmt: skip
 
 
