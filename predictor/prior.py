@@ -87,8 +87,10 @@ def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cach
     ctx = 0.5 * per_req  # a running request is, on average, half way through its reservation
     decode_step = wp.base + wp.decode_seqs * n_run + wp.decode_ctx * n_run * ctx
     own = prompt_tokens * (1.0 - cached)
-    # queued requests, and prompts still prefilling (above max_num_seqs a waiting streamed request is in both)
-    ahead = n_wait * 0.5 * per_req + view.pending_prefill_tokens
+    # the prompts ahead: requests queued above max_num_seqs, and this gateway's streamed prompts still without a
+    # first token; a queued streamed request is in both, so the larger of the two, not their sum
+    queued = n_wait * 0.5 * per_req
+    ahead = queued if queued > view.pending_prefill_tokens else view.pending_prefill_tokens
     steps = math.ceil((own + ahead) / max(1, wp.max_num_batched_tokens - n_run)) or 1
     attn = wp.attn * own * (prompt_tokens - own + own / 2) / 1e6
     ttft = wp.ttft_overhead + steps * decode_step + wp.prefill * (own + ahead) + attn

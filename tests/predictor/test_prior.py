@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from predictor.model import PriorPredictor
 from predictor.prior import prior_latency, prior_output, profile_for
 from router.types import BackendView, RequestFeatures
@@ -30,6 +32,20 @@ def test_a_prefill_backlog_delays_the_first_token() -> None:
     free = prior_latency(wp, view(2), 200, 0.0)
     backlog = prior_latency(wp, view(2, pending_prefill_tokens=8000), 200, 0.0)
     assert backlog[0] > free[0] + 8000 * wp.prefill and backlog[1] == free[1]
+
+
+def test_a_queued_streamed_prompt_is_counted_once() -> None:
+    """Above max_num_seqs the worker's waiting requests are also this gateway's pending prefills: the TTFT
+    queues behind those prompts once (the larger estimate), not behind their sum."""
+    wp = profile_for("h200-qwen2.5-7b")
+    n = wp.max_num_seqs + 10
+    queued = BackendView(name="w", model="qwen2.5-7b", running=wp.max_num_seqs, waiting=10, inflight_requests=n,
+                         inflight_tokens=n * 2000)  # fmt: skip
+    pending = 10 * 1000  # the 10 waiting requests' prompts (half of each 2,000-token reservation)
+    both = prior_latency(wp, replace(queued, pending_prefill_tokens=pending), 200, 0.0)
+    assert both == prior_latency(wp, queued, 200, 0.0)  # the same prompts, counted once
+    more = prior_latency(wp, replace(queued, pending_prefill_tokens=3 * pending), 200, 0.0)
+    assert more[0] > both[0]  # a larger backlog than the queue shows still counts in full
 
 
 def test_bigger_model_is_slower_and_better() -> None:
