@@ -3,6 +3,11 @@
     python scripts/fleet_report.py policies docs/results/real-h200-x2/real-mixed.json
     python scripts/fleet_report.py simreal --real docs/results/real-h200-x2/real-mixed.json \\
         --sim docs/results/real-h200-x2/sim-mixed.json
+    python scripts/fleet_report.py gateway --real 'REAL_RUNS/*/logs' --sim 'SIM_RUNS/*/logs' --speedup 0.25
+
+``gateway`` reads the gateways' request logs (``requests-*.jsonl``) instead of the client's view: TTFT from a
+request's receipt to its first chunk, per worker and prompt length, so the load client's own queue and the
+client-to-gateway hop are out of the comparison (the sims' logs are in wall time: ``--speedup`` scales them back).
 
 Rates and latencies are put in modelled (H200) time first: a sim run at ``speedup`` s ran its load at
 ``rate`` wall-clock workflows/s = ``rate / s`` modelled, and its wall-clock latencies are ``1/s`` times
@@ -13,6 +18,7 @@ over seeds in the policy table).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import statistics
 import sys
@@ -114,6 +120,41 @@ def simreal(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list
     return rows, diffs
 
 
+BUCKETS = (0, 500, 1000, 2000, 4000)  # prompt tokens: the lower edges of the gateway table's rows
+
+
+def _gateway_ttfts(pattern: str, scale: float) -> dict[tuple[str, int], list[float]]:
+    """TTFT (ms, modelled time) of every answered streamed request in the request logs under the folders
+    ``pattern`` matches, by (model, prompt-length bucket)."""
+    out: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for folder in glob.glob(pattern):
+        for f in Path(folder).glob("requests-*.jsonl"):
+            for line in f.read_text().splitlines():
+                r = json.loads(line)
+                if r.get("ttft_s") is None or r.get("outcome") != "ok" or r.get("prompt_tokens") is None:
+                    continue
+                bucket = max(b for b in BUCKETS if r["prompt_tokens"] >= b)
+                out[(str(r.get("model")), bucket)].append(1e3 * float(r["ttft_s"]) * scale)
+    return out
+
+
+def gateway(real: str, sim: str, speedup: float) -> tuple[list[str], list[float]]:
+    a, b = _gateway_ttfts(real, 1.0), _gateway_ttfts(sim, speedup)
+    rows = ["| model | prompt tokens | requests real / sim | TTFT p50 real / sim (Δ) | TTFT p90 real / sim (Δ) |",
+            "|" + " --- |" * 5]  # fmt: skip
+    diffs: list[float] = []
+    for key in sorted(set(a) & set(b)):
+        ra, rb = sorted(a[key]), sorted(b[key])
+        cells = [key[0], f"≥ {key[1]:,}", f"{len(ra)} / {len(rb)}"]
+        for q in (0.5, 0.9):
+            x, y = ra[int(q * (len(ra) - 1))], rb[int(q * (len(rb) - 1))]
+            d = (y - x) / x
+            diffs.append(d)
+            cells.append(f"{_ms(x)} / {_ms(y)} ({100 * d:+.0f}%)")
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows, diffs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -122,11 +163,18 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("simreal")
     s.add_argument("--real", required=True)
     s.add_argument("--sim", required=True)
+    g = sub.add_parser("gateway")
+    g.add_argument("--real", required=True, help="a glob of the real runs' log folders")
+    g.add_argument("--sim", required=True, help="a glob of the sim runs' log folders")
+    g.add_argument("--speedup", type=float, required=True, help="the sims' speedup")
     args = ap.parse_args(argv)
     if args.cmd == "policies":
         print("\n".join(policies(json.loads(Path(args.file).read_text()))))
         return 0
-    rows, diffs = simreal(json.loads(Path(args.real).read_text()), json.loads(Path(args.sim).read_text()))
+    if args.cmd == "gateway":
+        rows, diffs = gateway(args.real, args.sim, args.speedup)
+    else:
+        rows, diffs = simreal(json.loads(Path(args.real).read_text()), json.loads(Path(args.sim).read_text()))
     print("\n".join(rows))
     if diffs:
         ad = sorted(abs(d) for d in diffs)
