@@ -30,6 +30,7 @@ import httpx2 as httpx
 from backends.asgi import read_body
 from backends.sim.textgen import chat_text, draw_answer
 from backends.transport import AiohttpTransport
+from router.proxy import run_until_disconnect
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -107,9 +108,11 @@ class SimFieldsProxy:
         self.quality = quality
         self.seed = seed
         # The gateway's own wire (aiohttp's pool and parser under httpx's API): a hop the real runs have
-        # and the simulated ones do not, so it should cost as little as the gateway's does.
+        # and the simulated ones do not, so it should cost as little as the gateway's does. Idle connections
+        # are dropped before vLLM's own keep-alive timeout (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s) closes them,
+        # so a request is never sent on a connection the worker is closing.
         self.client = client or httpx.AsyncClient(
-            transport=AiohttpTransport(httpx.Limits(max_connections=None, keepalive_expiry=30.0)),
+            transport=AiohttpTransport(httpx.Limits(max_connections=None, keepalive_expiry=4.0)),
             timeout=httpx.Timeout(600.0, connect=5.0), trust_env=False,
         )  # fmt: skip
 
@@ -136,6 +139,11 @@ class SimFieldsProxy:
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
         url = self.upstream + path + (("?" + scope["query_string"].decode()) if scope.get("query_string") else "")
         upstream_req = self.client.build_request(scope["method"], url, headers=headers, content=body)
+        # a client that leaves (the gateway cancelling an attempt, the bench at its drain's end) cancels the relay;
+        # closing the half-read answer then closes its connection, so vLLM aborts the request as the sim does
+        await run_until_disconnect(lambda out: self._relay(upstream_req, marker, chat, out), receive, send)
+
+    async def _relay(self, upstream_req: httpx.Request, marker: str | None, chat: bool, send: Any) -> None:
         try:
             resp = await self.client.send(upstream_req, stream=True)
         except httpx.HTTPError as exc:
@@ -190,7 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="the sim seed the verdicts follow")
     args = p.parse_args(argv)
     app = SimFieldsProxy(args.upstream, quality=load_profile(args.profile).quality, seed=args.seed)
-    uvicorn.run(app, host=args.host, port=args.port, **SERVER_OPTIONS)
+    # the gateway keeps idle worker connections 30 s: keep ours open as long (as the sim does)
+    uvicorn.run(app, host=args.host, port=args.port, timeout_keep_alive=30, **SERVER_OPTIONS)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
     python scripts/fleet_report.py gateway --real 'REAL_RUNS/*/logs' --sim 'SIM_RUNS/*/logs' --speedup 0.25
 
 ``gateway`` reads the gateways' request logs (``requests-*.jsonl``) instead of the client's view: TTFT from a
-request's receipt to its first chunk, per worker and prompt length, so the load client's own queue and the
-client-to-gateway hop are out of the comparison (the sims' logs are in wall time: ``--speedup`` scales them back).
+request's receipt to its first chunk, per model and prompt length, over the runs (policy, rate, seed) found on
+both sides, warm-up left out, so the load client's own queue and the client-to-gateway hop are out of the
+comparison (the sims' logs are in wall time: ``--speedup`` scales them back).
 
 Rates and latencies are put in modelled (H200) time first: a sim run at ``speedup`` s ran its load at
 ``rate`` wall-clock workflows/s = ``rate / s`` modelled, and its wall-clock latencies are ``1/s`` times
@@ -121,37 +122,57 @@ def simreal(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> tuple[list
 
 
 BUCKETS = (0, 500, 1000, 2000, 4000)  # prompt tokens: the lower edges of the gateway table's rows
+_Run = tuple[str, float, int]  # (policy, modelled rate, seed)
 
 
-def _gateway_ttfts(pattern: str, scale: float) -> dict[tuple[str, int], list[float]]:
-    """TTFT (ms, modelled time) of every answered streamed request in the request logs under the folders
-    ``pattern`` matches, by (model, prompt-length bucket)."""
-    out: dict[tuple[str, int], list[float]] = defaultdict(list)
+def _gateway_runs(pattern: str, speedup: float, warmup_s: float) -> dict[_Run, list[dict[str, Any]]]:
+    """The answered streamed requests of each run in the request logs (``requests-<policy>-rate<r>-s<seed>-r<k>.jsonl``)
+    under the folders ``pattern`` matches, after the run's warm-up (modelled seconds from its first request),
+    TTFT in modelled ms."""
+    runs: dict[_Run, list[dict[str, Any]]] = defaultdict(list)
     for folder in glob.glob(pattern):
-        for f in Path(folder).glob("requests-*.jsonl"):
-            for line in f.read_text().splitlines():
-                r = json.loads(line)
-                if r.get("ttft_s") is None or r.get("outcome") != "ok" or r.get("prompt_tokens") is None:
-                    continue
-                bucket = max(b for b in BUCKETS if r["prompt_tokens"] >= b)
-                out[(str(r.get("model")), bucket)].append(1e3 * float(r["ttft_s"]) * scale)
-    return out
+        for f in Path(folder).glob("requests-*-rate*-s*-r*.jsonl"):
+            policy, _, rest = f.stem.removeprefix("requests-").rpartition("-rate")
+            rate, seed = rest.split("-s")[0], rest.split("-s")[1].split("-r")[0]
+            lines = (json.loads(x) for x in f.read_text().splitlines() if x.strip().endswith("}"))
+            runs[(policy, round(float(rate) / speedup, 3), int(seed))] += [
+                {"ts": r["ts"], "model": str(r.get("model")), "prompt": r["prompt_tokens"],
+                 "ttft": 1e3 * r["ttft_s"] * speedup}
+                for r in lines
+                if r.get("ttft_s") is not None and r.get("outcome") == "ok" and r.get("prompt_tokens") is not None
+            ]  # fmt: skip
+    for key, reqs in runs.items():
+        start = min((r["ts"] for r in reqs), default=0.0) + warmup_s / speedup
+        runs[key] = [r for r in reqs if r["ts"] >= start]
+    return runs
 
 
-def gateway(real: str, sim: str, speedup: float) -> tuple[list[str], list[float]]:
-    a, b = _gateway_ttfts(real, 1.0), _gateway_ttfts(sim, speedup)
-    rows = ["| model | prompt tokens | requests real / sim | TTFT p50 real / sim (Δ) | TTFT p90 real / sim (Δ) |",
+def gateway(real: str, sim: str, speedup: float, warmup_s: float, min_n: int = 20) -> tuple[list[str], list[float]]:
+    """TTFT p50 / p90 per (model, prompt-length bucket) over the runs present on both sides."""
+    a, b = _gateway_runs(real, 1.0, warmup_s), _gateway_runs(sim, speedup, warmup_s)
+    both = sorted(set(a) & set(b))
+    if not both:
+        raise SystemExit(f"no run is in both {real!r} ({len(a)} runs) and {sim!r} ({len(b)} runs)")
+    cells: dict[tuple[str, int], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for side, runs in ((0, a), (1, b)):
+        for key in both:
+            for r in runs[key]:
+                cells[(r["model"], max(x for x in BUCKETS if r["prompt"] >= x))][side].append(r["ttft"])
+    rows = [f"runs in both: {len(both)} ({', '.join(sorted({k[0] for k in both}))}; rates "
+            f"{', '.join(f'{x:g}' for x in sorted({k[1] for k in both}))}; seeds {sorted({k[2] for k in both})})", "",
+            "| model | prompt tokens | requests real / sim | TTFT p50 real / sim (Δ) | TTFT p90 real / sim (Δ) |",
             "|" + " --- |" * 5]  # fmt: skip
     diffs: list[float] = []
-    for key in sorted(set(a) & set(b)):
-        ra, rb = sorted(a[key]), sorted(b[key])
-        cells = [key[0], f"≥ {key[1]:,}", f"{len(ra)} / {len(rb)}"]
+    for (model, bucket), (ra, rb) in sorted(cells.items()):
+        if min(len(ra), len(rb)) < min_n:
+            continue  # too few for a p90
+        row = [model, f"≥ {bucket:,}", f"{len(ra)} / {len(rb)}"]
         for q in (0.5, 0.9):
-            x, y = ra[int(q * (len(ra) - 1))], rb[int(q * (len(rb) - 1))]
-            d = (y - x) / x
+            x, y = statistics.quantiles(ra, n=10)[int(10 * q) - 1], statistics.quantiles(rb, n=10)[int(10 * q) - 1]
+            d = (y - x) / x if x > 0 else 0.0
             diffs.append(d)
-            cells.append(f"{_ms(x)} / {_ms(y)} ({100 * d:+.0f}%)")
-        rows.append("| " + " | ".join(cells) + " |")
+            row.append(f"{_ms(x)} / {_ms(y)} ({100 * d:+.0f}%)")
+        rows.append("| " + " | ".join(row) + " |")
     return rows, diffs
 
 
@@ -167,12 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--real", required=True, help="a glob of the real runs' log folders")
     g.add_argument("--sim", required=True, help="a glob of the sim runs' log folders")
     g.add_argument("--speedup", type=float, required=True, help="the sims' speedup")
+    g.add_argument("--warmup", type=float, default=4.0, help="modelled seconds left out at each run's start")
     args = ap.parse_args(argv)
     if args.cmd == "policies":
         print("\n".join(policies(json.loads(Path(args.file).read_text()))))
         return 0
     if args.cmd == "gateway":
-        rows, diffs = gateway(args.real, args.sim, args.speedup)
+        rows, diffs = gateway(args.real, args.sim, args.speedup, args.warmup)
     else:
         rows, diffs = simreal(json.loads(Path(args.real).read_text()), json.loads(Path(args.sim).read_text()))
     print("\n".join(rows))

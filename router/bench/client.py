@@ -284,9 +284,14 @@ def counters_since(
     return out
 
 
+_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total")
+_TTFT = "vllm:time_to_first_token_seconds"
+
+
 async def scrape_workers(urls: dict[str, str]) -> dict[str, dict[str, float]]:
-    """Each worker's vLLM counters that matter to the bench (prefix cache, preemptions)."""
-    wanted = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total")
+    """Each worker's vLLM counters that matter to the bench: prefix cache, preemptions, and the engine's own
+    TTFT histogram (``ttft_le_<bound>``, ``ttft_count``, ``ttft_sum``: TTFT as the worker saw it, without
+    the gateway, the client or anything between them)."""
     out: dict[str, dict[str, float]] = {}
     async with httpx.AsyncClient(timeout=2.0) as http:
         for name, url in urls.items():
@@ -297,9 +302,18 @@ async def scrape_workers(urls: dict[str, str]) -> dict[str, dict[str, float]]:
             vals: dict[str, float] = {}
             for line in text.splitlines():
                 metric = line.split("{", 1)[0].split(" ", 1)[0]
-                if metric in wanted:
-                    with contextlib.suppress(ValueError):
-                        key = metric.removeprefix("vllm:").removesuffix("_total")
+                if metric in _COUNTERS:
+                    key = metric.removeprefix("vllm:").removesuffix("_total")
+                elif metric.startswith(_TTFT) and not metric.endswith("_created"):
+                    kind = metric.removeprefix(_TTFT + "_")  # bucket, count or sum
+                    if kind == "bucket":
+                        le = line.partition('le="')[2].partition('"')[0]
+                        kind = f"le_{le}" if le else ""
+                    key = f"ttft_{kind}" if kind in ("count", "sum") or kind.startswith("le_") else ""
+                else:
+                    continue
+                with contextlib.suppress(ValueError):
+                    if key:
                         vals[key] = vals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
             out[name] = vals
     return out

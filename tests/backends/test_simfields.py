@@ -13,8 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backends.sim.server import SimSettings, create_app
 from backends.sim.textgen import chat_text, draw_answer
 from backends.simfields import SimFieldsProxy, patch_event, rewrite
+from router.wire import HeadFirstProtocol
 from tests.conftest import ServerThread, free_port
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm"
@@ -70,7 +72,7 @@ def worker() -> Iterator[str]:
 
 
 def test_proxy_streams_exact_lengths_and_the_verdict(worker: str) -> None:
-    with ServerThread(SimFieldsProxy(worker, quality=0.6, seed=2)) as proxy:
+    with ServerThread(SimFieldsProxy(worker, quality=0.6, seed=2), http=HeadFirstProtocol) as proxy:
         body = {"model": "m", "messages": MESSAGES, "max_tokens": 512, "stream": True,
                 "stream_options": {"include_usage": True}, "sim": {"output_tokens": 25, "difficulty": 0.3}}  # fmt: skip
         marker = draw_answer(2, "m", chat_text(MESSAGES), 0.6, 25, 0.3).marker
@@ -90,3 +92,36 @@ def test_proxy_streams_exact_lengths_and_the_verdict(worker: str) -> None:
         assert answer["usage"]["completion_tokens"] == 25
         assert 'num_gpu_blocks="' in httpx.get(proxy.url + "/metrics").text  # passed through
         assert httpx.get(proxy.url + "/health").status_code == 200
+
+
+def _running(url: str) -> float:
+    line = next(x for x in httpx.get(url + "/metrics").text.splitlines() if x.startswith("vllm:num_requests_running"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_a_client_that_leaves_aborts_the_workers_request() -> None:
+    """The gateway cancelling an attempt closes its connection to the proxy: the proxy then closes its own
+    to the worker, which aborts the request (vLLM does; here the sim, ~10 s of answer left)."""
+    sim = ServerThread(create_app(SimSettings(profile="h200-qwen2.5-1.5b", speedup=0.1))).start()
+    try:
+        with ServerThread(SimFieldsProxy(sim.url, quality=0.6), http=HeadFirstProtocol) as proxy:
+            body = {"model": "qwen2.5-1.5b", "messages": MESSAGES, "stream": True, "max_tokens": 600,
+                    "sim": {"output_tokens": 500, "difficulty": 0.3}}  # fmt: skip
+            with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body) as resp:
+                assert resp.status_code == 200
+                lines = resp.iter_lines()  # held: dropping the iterator would close the stream here
+                while not (line := next(lines)).startswith('data: {"') or '"content":"tok' not in line:
+                    pass  # until the first token (the role chunk, content "", comes before it)
+                assert _running(sim.url) == 1  # decoding; now leave
+            deadline = time.monotonic() + 3
+            while _running(sim.url) != 0:
+                assert time.monotonic() < deadline, "the worker kept generating for a client that left"
+                time.sleep(0.05)
+    finally:
+        sim.stop()
+
+
+def test_a_dead_worker_is_a_502_with_an_error_body() -> None:
+    with ServerThread(SimFieldsProxy(f"http://127.0.0.1:{free_port()}", quality=0.6), http=HeadFirstProtocol) as proxy:
+        resp = httpx.post(proxy.url + "/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+        assert resp.status_code == 502 and resp.json()["error"]["message"].startswith("upstream:")

@@ -106,6 +106,9 @@ async def test_worker_counters_are_each_runs_own(sim_server: Callable[..., Any])
     assert since["w"]["prefix_cache_queries"] == pytest.approx(total / 3, rel=0.05)
     assert since["w"]["prefix_cache_hits"] / since["w"]["prefix_cache_queries"] > 0.9  # the run's own: all hit
     assert before["w"]["prefix_cache_hits"] / before["w"]["prefix_cache_queries"] < 0.6
+    # the engine's own TTFT histogram, this run's share: one request (three since the worker started)
+    assert since["w"]["ttft_count"] == since["w"]["ttft_le_+Inf"] == 1 and 0 < since["w"]["ttft_sum"] < 5
+    assert before["w"]["ttft_count"] == 2 and since["w"]["ttft_le_0.001"] <= 1
     restarted = {"w": {"q": 3.0}, "v": {"q": 1.0}}  # "w" went down (restarted), "v" is new
     assert bc.counters_since({"w": {"q": 10.0}}, restarted) == restarted
 
