@@ -4,6 +4,12 @@
     python scripts/fleet_report.py simreal --real docs/results/real-h200-x2/real-mixed.json \\
         --sim docs/results/real-h200-x2/sim-mixed.json
     python scripts/fleet_report.py gateway --real 'REAL_RUNS/*/logs' --sim 'SIM_RUNS/*/logs' --speedup 0.25
+    python scripts/fleet_report.py layers RESULTS.json 'RUNS/*/logs'
+
+``layers`` splits one side's TTFT per worker: the engine's own (vLLM's ``time_to_first_token_seconds``
+histogram over the run, from ``worker_counters``; percentiles interpolated within its buckets) against the
+gateway's (request logs: receipt to first chunk), so what lies between them (routing, the HTTP hops, vLLM's
+API server before it stamps the request's arrival) shows apart from the engine.
 
 ``gateway`` reads the gateways' request logs (``requests-*.jsonl``) instead of the client's view: TTFT from a
 request's receipt to its first chunk, per model and prompt length, over the runs (policy, rate, seed) found on
@@ -176,6 +182,48 @@ def gateway(real: str, sim: str, speedup: float, warmup_s: float, min_n: int = 2
     return rows, diffs
 
 
+def _hist_quantile(counters: dict[str, float], q: float) -> float | None:
+    """Quantile ``q`` (s) of the ``ttft_le_<bound>`` cumulative buckets, linear within a bucket."""
+    bounds = sorted((float(k[8:]), v) for k, v in counters.items() if k.startswith("ttft_le_"))
+    if not bounds or bounds[-1][1] <= 0:
+        return None
+    target, lo, below = q * bounds[-1][1], 0.0, 0.0
+    for hi, cum in bounds:
+        if cum >= target:
+            return lo if hi == float("inf") else lo + (hi - lo) * (target - below) / max(cum - below, 1e-12)
+        lo, below = hi, cum
+    return lo
+
+
+def layers(entries: list[dict[str, Any]], logs: str) -> list[str]:
+    rows = ["| rate | policy | seed | worker | requests | engine TTFT mean / p50 / p90 (ms) | "
+            "gateway TTFT mean / p50 / p90 (ms) | gateway minus engine, mean (ms) |", "|" + " --- |" * 8]  # fmt: skip
+    gw: dict[tuple[str, float, int, str], list[float]] = defaultdict(list)
+    for folder in glob.glob(logs):
+        for f in Path(folder).glob("requests-*-rate*-s*-r*.jsonl"):
+            policy, _, rest = f.stem.removeprefix("requests-").rpartition("-rate")
+            rate, seed = float(rest.split("-s")[0]), int(rest.split("-s")[1].split("-r")[0])
+            for line in f.read_text().splitlines():
+                r = json.loads(line) if line.strip().endswith("}") else {}
+                if r.get("ttft_s") is not None and r.get("outcome") == "ok":
+                    gw[(policy, rate, seed, str(r.get("backend")))].append(1e3 * float(r["ttft_s"]))
+    for e in sorted(entries, key=lambda e: (_rate(e), e["policy"], e.get("seed", 0))):
+        for worker, c in sorted((e.get("worker_counters") or {}).items()):
+            n = c.get("ttft_count", 0.0)
+            g = sorted(gw.get((e["policy"], float(e["rate"]), int(e.get("seed", 0)), worker), []))
+            if n <= 0 or not g:
+                continue
+            sp = _speedup(e)
+            eng = [1e3 * c["ttft_sum"] / n * sp] + [1e3 * (_hist_quantile(c, q) or 0.0) * sp for q in (0.5, 0.9)]
+            gate = [statistics.mean(g) * sp, g[len(g) // 2] * sp, g[int(0.9 * (len(g) - 1))] * sp]
+            rows.append(f"| {_rate(e):g} | {e['policy']} | {e.get('seed', 0)} | {worker} | {int(n)} | "
+                        f"{' / '.join(_ms(x) for x in eng)} | {' / '.join(_ms(x) for x in gate)} | "
+                        f"{gate[0] - eng[0]:+.1f} |")  # fmt: skip
+    if len(rows) == 2:
+        raise SystemExit("no run has both the engine's TTFT histogram (worker_counters) and request logs")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -189,9 +237,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--sim", required=True, help="a glob of the sim runs' log folders")
     g.add_argument("--speedup", type=float, required=True, help="the sims' speedup")
     g.add_argument("--warmup", type=float, default=4.0, help="modelled seconds left out at each run's start")
+    y = sub.add_parser("layers")
+    y.add_argument("file", help="bench results with worker_counters")
+    y.add_argument("logs", help="a glob of the same runs' log folders")
     args = ap.parse_args(argv)
     if args.cmd == "policies":
         print("\n".join(policies(json.loads(Path(args.file).read_text()))))
+        return 0
+    if args.cmd == "layers":
+        print("\n".join(layers(json.loads(Path(args.file).read_text()), args.logs)))
         return 0
     if args.cmd == "gateway":
         rows, diffs = gateway(args.real, args.sim, args.speedup, args.warmup)
