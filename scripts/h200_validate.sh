@@ -113,9 +113,14 @@ done < "$L/backends.txt"
 # scripts/calibrate/chat_probe.py): the profiles were fitted on completions, the bench sends chat
 if [ "${CHAT_PROBE:-0}" = 1 ]; then
   while read -r name port model rest; do
-    timeout 120 python3 scripts/calibrate/chat_probe.py --model "$model" --reps "${CHAT_REPS:-15}" \
-      --target direct=http://127.0.0.1:$port --target proxy=http://127.0.0.1:$((port + 1000)) --out "$OUT/chat-$name.json"
+    left=$(( END - $(date +%s) - 60 )); [ $left -lt 30 ] && { echo "SKIP chat probe $name: no time left $(el)"; continue; }
+    timeout $(( left < 120 ? left : 120 )) python3 scripts/calibrate/chat_probe.py --model "$model" \
+      --reps "${CHAT_REPS:-15}" --target direct=http://127.0.0.1:$port --target proxy=http://127.0.0.1:$((port + 1000)) \
+      --out "$L/chat-$name.json"
   done < "$L/backends.txt"
+  # one file in $OUT (a call brings back at most 8); each worker's is also in logs.tgz
+  python3 -c "import json, sys; json.dump([json.load(open(f)) for f in sys.argv[1:]], open('$OUT/chat-probe.json', 'w'), indent=1)" \
+    $L/chat-*.json 2>/dev/null
   echo "chat probe done $(el)"
 fi
 

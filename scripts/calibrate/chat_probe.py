@@ -6,8 +6,9 @@ send ``/v1/chat/completions``: the chat path of vLLM's API server renders the ch
 conversation first. This probe measures what that costs, and what a hop in front of a worker costs (the
 sim-fields proxy of the real runs, ``backends/simfields.py``), on idle workers: one request at a time, each
 with a fresh random prompt (no prefix-cache hit), ``max_tokens`` 2 and ``ignore_eos``, TTFT = time to the first
-chunk carrying text. The cells (target x endpoint x prompt length) are interleaved round by round, so a drift
-of the machine's speed falls on all of them alike.
+chunk carrying text. Requests carry the bench's ``sim`` field, so a proxy takes the path it takes in a bench run
+(the 2026-11-30 run's did not: through the proxy they were passed on untouched). The cells (target x endpoint
+x prompt length) are interleaved round by round, so a drift of the machine's speed falls on all of them alike.
 
     python scripts/calibrate/chat_probe.py --model qwen2.5-1.5b --target direct=http://127.0.0.1:8002 \
         --target proxy=http://127.0.0.1:9002 --out chat-1.5b.json
@@ -36,7 +37,10 @@ ENDPOINTS = ("completions", "chat")
 def one(client: httpx.Client, url: str, model: str, endpoint: str, prompt: str) -> tuple[float, int | None]:
     """(client TTFT in seconds, prompt tokens the server counted) of one streamed request."""
     body: dict = {"model": model, "max_tokens": 2, "ignore_eos": True, "temperature": 0.0, "stream": True,
-                  "stream_options": {"include_usage": True}}  # fmt: skip
+                  "stream_options": {"include_usage": True},
+                  # what the bench sends: a proxy then rewrites the request and patches the answer's events, as in
+                  # a bench run (a vLLM ignores the field; a sim answers the same 2 tokens)
+                  "sim": {"output_tokens": 2, "difficulty": 0.5}}  # fmt: skip
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
         path = "/v1/chat/completions"
