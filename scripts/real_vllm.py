@@ -13,6 +13,7 @@ python scripts/real_vllm.py configs examples/h200-real.yaml --real-out R.yaml [-
        cache far more than distinct words would): a copy of each profile with that `tokenizer`, in
        S's folder as <S stem>-profiles/<profile>.json; --tokenizer words keeps the shipped profiles;
        --async-scheduling sets the profiles' async_scheduling (vLLM 0.26's default; docs/CALIBRATION.md);
+       --ttft-jitter-ms W their overhead_s.ttft_jitter (the request-to-request TTFT spread; docs/CALIBRATION.md);
        --prior-profiles DIR points the backends' `profile:` (the predictor's cold-start prior, not the sims)
        at DIR/<profile>.json: the profiles the real run's gateway had, when the sims' have been refitted since
 python scripts/real_vllm.py bench --speedup X --config S.yaml --workload W --policy P --rate R --duration D
@@ -76,8 +77,10 @@ def cmd_configs(args: argparse.Namespace) -> None:
         for i, b in enumerate(sim["backends"], 1):
             b.pop("launch", None)
             profile = b["profile"]
-            if args.tokenizer != "words" or args.async_scheduling:
-                profile = derived_profile(b["profile"], args.sim_out, args.tokenizer, args.async_scheduling)
+            if args.tokenizer != "words" or args.async_scheduling or args.ttft_jitter_ms:
+                profile = derived_profile(
+                    b["profile"], args.sim_out, args.tokenizer, args.async_scheduling, args.ttft_jitter_ms / 1e3
+                )
             b["sim"] = {"profile": profile, "speedup": args.speedup, "seed": i, "kv_tokens": b["kv_budget_tokens"]}
             if args.prior_profiles:
                 b["profile"] = str((Path(args.prior_profiles) / f"{b['profile']}.json").resolve())
@@ -86,8 +89,8 @@ def cmd_configs(args: argparse.Namespace) -> None:
         Path(args.sim_out).write_text(yaml.safe_dump(sim, sort_keys=False))
 
 
-def derived_profile(name: str, sim_out: str, tokenizer: str, async_scheduling: bool) -> str:
-    """A copy of profile ``name`` with the given tokenizer (and async scheduling); returns its path."""
+def derived_profile(name: str, sim_out: str, tokenizer: str, async_scheduling: bool, ttft_jitter_s: float = 0.0) -> str:
+    """A copy of profile ``name`` with the given tokenizer (and async scheduling, TTFT jitter); returns its path."""
     from backends.sim.profile import PROFILE_DIR, parse_profile
 
     path = Path(name) if name.endswith(".json") else PROFILE_DIR / f"{name}.json"
@@ -96,6 +99,8 @@ def derived_profile(name: str, sim_out: str, tokenizer: str, async_scheduling: b
         raw["tokenizer"] = {"kind": "wordlevel", "vocab_size": VOCAB_SIZES.get(raw["model"], 151936)}
     if async_scheduling:
         raw["async_scheduling"] = True
+    if ttft_jitter_s:
+        raw.setdefault("overhead_s", {})["ttft_jitter"] = ttft_jitter_s
     parse_profile(raw, source=str(path))  # still a valid profile
     out = Path(sim_out).with_name(Path(sim_out).stem + "-profiles") / f"{path.stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -262,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         help="sim: the real test models' word-level tokenizer (default) or the sim's own words",
     )
     c.add_argument("--async-scheduling", action="store_true", help="sim: profiles with async_scheduling on")
+    c.add_argument(
+        "--ttft-jitter-ms",
+        type=float,
+        default=0.0,
+        help="sim: profiles whose TTFT constant varies evenly over this width (overhead_s.ttft_jitter)",
+    )
     c.add_argument(
         "--prior-profiles",
         help="a folder of <profile>.json for the backends' profile: (the gateway's "

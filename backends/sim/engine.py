@@ -15,6 +15,7 @@ a time. Time is an absolute schedule, so a late wake-up is caught up, and measur
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -173,6 +174,7 @@ class Engine:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         speedup: float = 1.0,
+        seed: int = 0,
     ) -> None:
         self.profile = profile
         self.kv = KVCache(kv_tokens // profile.block_size, profile.block_size)
@@ -186,6 +188,9 @@ class Engine:
         # overhead_s.sim_http, the sim's own HTTP cost that the fit took off the measured constant, is wall time, so a
         # speedup x does not scale it: add back the (1/x - 1) of it that a run at x < 1 would otherwise miss
         self._ttft_overhead = max(0.0, profile.ttft_overhead_s / speedup + profile.sim_http_s * (1.0 / speedup - 1.0))
+        # the constant's request-to-request spread (profile.ttft_jitter_s), drawn in submission order
+        self._jitter = profile.ttft_jitter_s / speedup
+        self._jitter_rng = random.Random(f"ttft-jitter:{seed}")
         self._gpu_share = profile.gpu_share
         cg = profile.cudagraph
         # steps scheduling more than this many tokens run without CUDA graphs (0: no limit)
@@ -220,6 +225,8 @@ class Engine:
             free = self._fe_free
             t = (free if free > now else now) + self._fe_request + self._fe_token * prompt_len
             self._fe_free = t
+        if self._jitter > 0:
+            return t + max(0.0, self._ttft_overhead + (self._jitter_rng.random() - 0.5) * self._jitter)
         return t + self._ttft_overhead
 
     def submit(self, req: Request) -> None:

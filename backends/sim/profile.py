@@ -116,6 +116,11 @@ class Profile:
     #: not shrink with ``speedup``: at speedup x the engine adds ``(1/x - 1) * sim_http`` so that the client
     #: still sees the measured constant in modelled (H200) time.
     sim_http_s: float = 0.0
+    #: How much the front end's constant varies request to request (``overhead_s.ttft_jitter``, seconds): each
+    #: request's ``ttft_overhead_s`` is drawn evenly from ``ttft ± jitter / 2`` (seeded), so the median TTFT
+    #: stays where the fit put it. Real vLLM's idle TTFT runs about ±7 ms around its median whatever the
+    #: prompt (docs/CALIBRATION.md); 0, the default, keeps the sim deterministic.
+    ttft_jitter_s: float = 0.0
 
 
 def available_profiles() -> list[str]:
@@ -150,7 +155,7 @@ def parse_profile(raw: Any, source: str = "<profile>") -> Profile:
         if unknown:
             raise ProfileError(f"profile {source}: unknown step_time_s key(s) {', '.join(unknown)}")
         coefs = {k: _number(source, f"step_time_s.{k}", v, minimum=0.0) for k, v in steps.items()}
-        overhead = _section(source, raw, "overhead_s", ("ttft", "sim_http"))
+        overhead = _section(source, raw, "overhead_s", ("ttft", "sim_http", "ttft_jitter"))
         quality = _number(source, "quality", raw["quality"], minimum=0.0)
         if quality > 1.0:
             raise ProfileError(f"profile {source}: quality must be in [0, 1], got {quality}")
@@ -174,6 +179,7 @@ def parse_profile(raw: Any, source: str = "<profile>") -> Profile:
             async_scheduling=_flag(source, "async_scheduling", raw.get("async_scheduling", False)),
             sampling=_sampling(source, raw),
             sim_http_s=_number(source, "overhead_s.sim_http", overhead.get("sim_http", 0.0), minimum=0.0),
+            ttft_jitter_s=_jitter(source, overhead),
         )
     except KeyError as exc:
         raise ProfileError(f"profile {source}: missing key {exc.args[0]!r}") from exc
@@ -241,6 +247,14 @@ def _tokenizer(source: str, raw: dict[str, Any]) -> Tokenizer:
     if "vocab_size" not in sec:
         return Tokenizer(kind)
     return Tokenizer(kind, _int(source, "tokenizer.vocab_size", sec["vocab_size"]))
+
+
+def _jitter(source: str, overhead: dict[str, Any]) -> float:
+    jitter = _number(source, "overhead_s.ttft_jitter", overhead.get("ttft_jitter", 0.0), minimum=0.0)
+    ttft = overhead.get("ttft", 0.0)
+    if jitter > 2 * ttft:  # a draw below zero would move a first token earlier than the engine allows
+        raise ProfileError(f"profile {source}: overhead_s.ttft_jitter ({jitter}) must be at most twice overhead_s.ttft")
+    return jitter
 
 
 def _frontend(source: str, raw: dict[str, Any]) -> Frontend | None:

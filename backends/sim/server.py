@@ -72,6 +72,7 @@ def build_engine(settings: SimSettings) -> tuple[Profile, Engine]:
         max_num_batched_tokens=positive_int("max_num_batched_tokens", settings.max_num_batched_tokens)
         or profile.max_num_batched_tokens,
         speedup=float(settings.speedup),
+        seed=settings.seed,
     )
     return profile, engine
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
 from collections.abc import Callable
 
 from backends.sim.engine import Batch, Engine, Request, Status
@@ -189,6 +190,24 @@ def test_the_serial_front_end_spreads_a_burst(make_engine: MakeEngine) -> None:
     assert abs(engine.frontend_exit(1.0, 0) - 1.012) < 1e-12  # idle again: no wait
     plain = make_engine(overhead_s={"ttft": 0.01})  # no frontend_s: the old constant overhead
     assert [plain.frontend_exit(0.0, 100) for _ in range(3)] == [0.01, 0.01, 0.01]
+
+
+def test_ttft_jitter_spreads_the_constant_evenly_around_it(make_engine: MakeEngine) -> None:
+    """overhead_s.ttft_jitter: each request's constant is drawn from ttft ± jitter/2 (seeded, in submission
+    order), so real vLLM's request-to-request spread is there and the median stays put."""
+    jittery = make_engine(overhead_s={"ttft": 0.01, "ttft_jitter": 0.016})
+    exits = [jittery.frontend_exit(0.0, 100) for _ in range(2000)]
+    assert min(exits) >= 0.002 and max(exits) <= 0.018
+    assert abs(statistics.median(exits) - 0.01) < 0.001
+    assert max(exits) - min(exits) > 0.015  # the whole width is used
+    q = statistics.quantiles(exits, n=10)
+    assert abs(q[0] - 0.0036) < 0.001 and abs(q[-1] - 0.0164) < 0.001  # even: p10 / p90 at ∓0.4 width
+    again = make_engine(overhead_s={"ttft": 0.01, "ttft_jitter": 0.016})
+    assert [again.frontend_exit(0.0, 100) for _ in range(2000)] == exits  # the same seed: the same draws
+    other = make_engine(seed=1, overhead_s={"ttft": 0.01, "ttft_jitter": 0.016})
+    assert [other.frontend_exit(0.0, 100) for _ in range(20)] != exits[:20]
+    slow = make_engine(speedup=0.5, overhead_s={"ttft": 0.01, "ttft_jitter": 0.016})  # scales with speedup
+    assert [slow.frontend_exit(0.0, 100) for _ in range(20)] == [2 * x for x in exits[:20]]
 
 
 def test_the_serial_front_end_adds_queueing_to_a_burst_live(make_engine: MakeEngine) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.sim.profile import STEP_FEATURES, ProfileError, available_profiles, load_profile
+from backends.sim.profile import STEP_FEATURES, ProfileError, available_profiles, load_profile, parse_profile
 from backends.sim.server import SimSettings, create_app
 
 
@@ -19,6 +19,16 @@ def test_shipped_profiles_parse() -> None:
         p = load_profile(name)
         assert p.name == name and 0.0 <= p.quality <= 1.0 and p.kv_budget_tokens >= p.block_size
         assert p.provenance.get("status") in ("measured", "provisional")
+
+
+def test_ttft_jitter_defaults_to_none_and_is_bounded_by_the_constant(sim_profile: Callable[..., str]) -> None:
+    data = json.loads(Path(sim_profile()).read_text())
+    assert parse_profile(data).ttft_jitter_s == 0.0  # the shipped behaviour: deterministic
+    data["overhead_s"] = {"ttft": 0.01, "ttft_jitter": 0.02}
+    assert parse_profile(data).ttft_jitter_s == 0.02
+    data["overhead_s"]["ttft_jitter"] = 0.03  # more than twice the constant: a first token before its time
+    with pytest.raises(ProfileError, match="ttft_jitter"):
+        parse_profile(data)
 
 
 def test_unknown_step_feature_is_refused(sim_profile: Callable[..., str], tmp_path: Path) -> None:
