@@ -172,7 +172,8 @@ def gateway(real: str, sim: str, speedup: float, warmup_s: float, min_n: int = 2
     for (model, bucket), (ra, rb) in sorted(cells.items()):
         if min(len(ra), len(rb)) < min_n:
             continue  # too few for a p90
-        row = [model, f"≥ {bucket:,}", f"{len(ra)} / {len(rb)}"]
+        nxt = [x for x in BUCKETS if x > bucket]
+        row = [model, f"{bucket:,} to {nxt[0] - 1:,}" if nxt else f"≥ {bucket:,}", f"{len(ra)} / {len(rb)}"]
         for q in (0.5, 0.9):
             x, y = statistics.quantiles(ra, n=10)[int(10 * q) - 1], statistics.quantiles(rb, n=10)[int(10 * q) - 1]
             d = (y - x) / x if x > 0 else 0.0
