@@ -22,7 +22,7 @@ from enum import Enum
 
 from backends.sim.kvcache import KVCache
 from backends.sim.metrics import ITL_BUCKETS, LAG_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS, Hist
-from backends.sim.profile import Profile
+from backends.sim.profile import Profile, ProfileError
 from backends.sim.textgen import MARKER_INDEX, VOCAB_IDS, Answer, word_index
 
 
@@ -191,6 +191,12 @@ class Engine:
         # the constant's request-to-request spread (profile.ttft_jitter_s), drawn in submission order
         self._jitter = profile.ttft_jitter_s / speedup
         self._jitter_rng = random.Random(f"ttft-jitter:{seed}")
+        if self._jitter / 2 > self._ttft_overhead + 1e-12:  # sim_http does not scale: a speedup > 1 can get here
+            raise ProfileError(
+                f"profile {profile.name}: overhead_s.ttft_jitter ({profile.ttft_jitter_s}) is wider than twice "
+                f"the TTFT constant at speedup {speedup} ({2 * self._ttft_overhead * speedup:.6f}); "
+                "lower the speedup or the jitter"
+            )
         self._gpu_share = profile.gpu_share
         cg = profile.cudagraph
         # steps scheduling more than this many tokens run without CUDA graphs (0: no limit)

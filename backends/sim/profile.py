@@ -118,8 +118,8 @@ class Profile:
     sim_http_s: float = 0.0
     #: How much the front end's constant varies request to request (``overhead_s.ttft_jitter``, seconds): each
     #: request's ``ttft_overhead_s`` is drawn evenly from ``ttft ± jitter / 2`` (seeded), so the median TTFT
-    #: stays where the fit put it. Real vLLM's idle TTFT runs about ±7 ms around its median whatever the
-    #: prompt (docs/CALIBRATION.md); 0, the default, keeps the sim deterministic.
+    #: stays where the fit put it. Real vLLM's idle TTFT varies about ±4-5 ms request to request (10th-90th
+    #: percentile, docs/CALIBRATION.md); 0, the default, keeps the sim deterministic.
     ttft_jitter_s: float = 0.0
 
 

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 from backends.sim.engine import Batch, Engine, Request, Status
+from backends.sim.profile import PROFILE_DIR, ProfileError
+from backends.sim.server import SimSettings, build_engine
 from backends.sim.textgen import Answer
 
 MakeEngine = Callable[..., Engine]
@@ -207,7 +213,21 @@ def test_ttft_jitter_spreads_the_constant_evenly_around_it(make_engine: MakeEngi
     other = make_engine(seed=1, overhead_s={"ttft": 0.01, "ttft_jitter": 0.016})
     assert [other.frontend_exit(0.0, 100) for _ in range(20)] != exits[:20]
     slow = make_engine(speedup=0.5, overhead_s={"ttft": 0.01, "ttft_jitter": 0.016})  # scales with speedup
-    assert [slow.frontend_exit(0.0, 100) for _ in range(20)] == [2 * x for x in exits[:20]]
+    assert [slow.frontend_exit(0.0, 100) for _ in range(20)] == pytest.approx([2 * x for x in exits[:20]], rel=1e-12)
+    # sim_http (wall time) does not shrink with a speedup > 1, so the constant can get narrower than the spread
+    wide = {"ttft": 0.01, "sim_http": 0.006, "ttft_jitter": 0.016}
+    make_engine(speedup=1.0, overhead_s=wide)  # at speedup 1: 10 ms ± 8 ms, fine
+    with pytest.raises(ProfileError, match="ttft_jitter"):
+        make_engine(speedup=2.0, overhead_s=wide)  # (10 + 6) / 2 - 6 = 2 ms ± 4 ms: refused, not clamped
+
+
+def test_the_worker_seed_seeds_the_spread() -> None:
+    def draws(seed: int) -> list[float]:
+        settings = SimSettings(profile=_jittery_profile(), seed=seed)
+        engine = build_engine(settings)[1]
+        return [engine.frontend_exit(0.0, 10) for _ in range(10)]
+
+    assert draws(1) == draws(1) != draws(2)
 
 
 def test_the_serial_front_end_adds_queueing_to_a_burst_live(make_engine: MakeEngine) -> None:
@@ -261,3 +281,14 @@ def test_a_schedule_behind_the_clock_still_admits_what_is_queued(make_engine: Ma
         engine = make_engine(async_scheduling=async_)
         engine.enqueue(request(30, out=2, tag=4), 5.0)
         assert engine.step(4.9).num_new == [30]
+
+
+def _jittery_profile() -> str:
+    """The shipped 1.5B profile with a TTFT spread, written next to the tests' temporary files."""
+    import tempfile
+
+    raw = json.loads((PROFILE_DIR / "h200-qwen2.5-1.5b.json").read_text())
+    raw["overhead_s"]["ttft_jitter"] = 0.01
+    path = Path(tempfile.mkdtemp()) / "jittery.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
