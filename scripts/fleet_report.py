@@ -143,7 +143,7 @@ def _gateway_runs(pattern: str, speedup: float, warmup_s: float) -> dict[_Run, l
             lines = (json.loads(x) for x in f.read_text().splitlines() if x.strip().endswith("}"))
             runs[(policy, round(float(rate) / speedup, 3), int(seed))] += [
                 {"ts": r["ts"], "model": str(r.get("model")), "prompt": r["prompt_tokens"],
-                 "ttft": 1e3 * r["ttft_s"] * speedup}
+                 "inflight": (r.get("fleet") or {}).get("inflight_requests", 0), "ttft": 1e3 * r["ttft_s"] * speedup}
                 for r in lines
                 if r.get("ttft_s") is not None and r.get("outcome") == "ok" and r.get("prompt_tokens") is not None
             ]  # fmt: skip
@@ -153,8 +153,13 @@ def _gateway_runs(pattern: str, speedup: float, warmup_s: float) -> dict[_Run, l
     return runs
 
 
-def gateway(real: str, sim: str, speedup: float, warmup_s: float, min_n: int = 20) -> tuple[list[str], list[float]]:
-    """TTFT p50 / p90 per (model, prompt-length bucket) over the runs present on both sides."""
+INFLIGHT = (0, 3, 6, 9, 12)  # the worker's requests in flight at dispatch (this gateway's): the rows of --by inflight
+
+
+def gateway(
+    real: str, sim: str, speedup: float, warmup_s: float, by: str = "prompt", min_n: int = 20
+) -> tuple[list[str], list[float]]:
+    """TTFT p50 / p90 per (model, prompt-length or in-flight bucket) over the runs present on both sides."""
     a, b = _gateway_runs(real, 1.0, warmup_s), _gateway_runs(sim, speedup, warmup_s)
     both = sorted(set(a) & set(b))
     if not both:
@@ -163,16 +168,18 @@ def gateway(real: str, sim: str, speedup: float, warmup_s: float, min_n: int = 2
     for side, runs in ((0, a), (1, b)):
         for key in both:
             for r in runs[key]:
-                cells[(r["model"], max(x for x in BUCKETS if r["prompt"] >= x))][side].append(r["ttft"])
+                edges, value = (BUCKETS, r["prompt"]) if by == "prompt" else (INFLIGHT, r["inflight"])
+                cells[(r["model"], max(x for x in edges if value >= x))][side].append(r["ttft"])
     rows = [f"runs in both: {len(both)} ({', '.join(sorted({k[0] for k in both}))}; rates "
             f"{', '.join(f'{x:g}' for x in sorted({k[1] for k in both}))}; seeds {sorted({k[2] for k in both})})", "",
-            "| model | prompt tokens | requests real / sim | TTFT p50 real / sim (Δ) | TTFT p90 real / sim (Δ) |",
+            f"| model | {'prompt tokens' if by == 'prompt' else 'in flight at dispatch'} | requests real / sim | "
+            "TTFT p50 real / sim (Δ) | TTFT p90 real / sim (Δ) |",
             "|" + " --- |" * 5]  # fmt: skip
     diffs: list[float] = []
     for (model, bucket), (ra, rb) in sorted(cells.items()):
         if min(len(ra), len(rb)) < min_n:
             continue  # too few for a p90
-        nxt = [x for x in BUCKETS if x > bucket]
+        nxt = [x for x in (BUCKETS if by == "prompt" else INFLIGHT) if x > bucket]
         row = [model, f"{bucket:,} to {nxt[0] - 1:,}" if nxt else f"≥ {bucket:,}", f"{len(ra)} / {len(rb)}"]
         for q in (0.5, 0.9):
             x, y = statistics.quantiles(ra, n=10)[int(10 * q) - 1], statistics.quantiles(rb, n=10)[int(10 * q) - 1]
@@ -238,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--sim", required=True, help="a glob of the sim runs' log folders")
     g.add_argument("--speedup", type=float, required=True, help="the sims' speedup")
     g.add_argument("--warmup", type=float, default=4.0, help="modelled seconds left out at each run's start")
+    g.add_argument(
+        "--by",
+        choices=("prompt", "inflight"),
+        default="prompt",
+        help="rows: prompt length, or the worker's requests in flight at dispatch",
+    )
     y = sub.add_parser("layers")
     y.add_argument("file", help="bench results with worker_counters")
     y.add_argument("logs", help="a glob of the same runs' log folders")
@@ -249,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(layers(json.loads(Path(args.file).read_text()), args.logs)))
         return 0
     if args.cmd == "gateway":
-        rows, diffs = gateway(args.real, args.sim, args.speedup, args.warmup)
+        rows, diffs = gateway(args.real, args.sim, args.speedup, args.warmup, args.by)
     else:
         rows, diffs = simreal(json.loads(Path(args.real).read_text()), json.loads(Path(args.sim).read_text()))
     print("\n".join(rows))
