@@ -24,7 +24,7 @@ from typing import NoReturn
 
 import httpx2 as httpx
 
-from backends.transport import AT_EOF, AiohttpTransport
+from backends.transport import AT_EOF, WORKER_KEEPALIVE_S, AiohttpTransport
 from router.config import BackendConfig, Timeouts
 from router.errors import (
     WorkerConnectError,
@@ -41,10 +41,7 @@ def make_http_client(timeouts: Timeouts) -> httpx.AsyncClient:
     """The gateway's pooled client. Read deadlines are enforced per phase by :class:`WorkerClient`;
     httpx's own read timeout is only a backstop."""
     return httpx.AsyncClient(
-        # idle worker connections are dropped before vLLM's own keep-alive timeout closes them
-        # (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default): a request is never sent on a connection the worker is
-        # closing, which would fail it there and count against a healthy worker
-        transport=AiohttpTransport(httpx.Limits(max_connections=4096, keepalive_expiry=4.0)),
+        transport=AiohttpTransport(httpx.Limits(max_connections=4096, keepalive_expiry=WORKER_KEEPALIVE_S)),
         timeout=httpx.Timeout(
             connect=timeouts.connect_s,
             read=max(timeouts.first_byte_s, timeouts.between_chunks_s, timeouts.response_s) + 1.0,

@@ -29,7 +29,7 @@ import httpx2 as httpx
 
 from backends.asgi import read_body
 from backends.sim.textgen import chat_text, draw_answer
-from backends.transport import AiohttpTransport
+from backends.transport import WORKER_KEEPALIVE_S, AiohttpTransport
 from router.proxy import run_until_disconnect
 
 Scope = dict[str, Any]
@@ -107,12 +107,10 @@ class SimFieldsProxy:
         self.upstream = upstream.rstrip("/")
         self.quality = quality
         self.seed = seed
-        # The gateway's own wire (aiohttp's pool and parser under httpx's API): a hop the real runs have
-        # and the simulated ones do not, so it should cost as little as the gateway's does. Idle connections
-        # are dropped before vLLM's own keep-alive timeout (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s) closes them,
-        # so a request is never sent on a connection the worker is closing.
+        # The gateway's own wire (aiohttp's pool and parser under httpx's API, its keep-alive): a hop the real
+        # runs have and the simulated ones do not, so it should cost as little as the gateway's does.
         self.client = client or httpx.AsyncClient(
-            transport=AiohttpTransport(httpx.Limits(max_connections=None, keepalive_expiry=4.0)),
+            transport=AiohttpTransport(httpx.Limits(max_connections=None, keepalive_expiry=WORKER_KEEPALIVE_S)),
             timeout=httpx.Timeout(600.0, connect=5.0), trust_env=False,
         )  # fmt: skip
 

@@ -37,6 +37,10 @@ _HTTP11 = b"HTTP/1.1"
 # callable that tells whether the raw body has ended with what has been read so far.
 AT_EOF = "chimera.at_eof"
 _CACHE_LIMIT = 1024  # URLs and timeouts are few (workers x paths); the bound only guards odd callers
+# How long an idle worker connection stays pooled: less than vLLM's own keep-alive timeout
+# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default), so a request is never sent on a connection the worker is
+# closing (which would fail it there and count against a healthy worker).
+WORKER_KEEPALIVE_S = 4.0
 
 
 @contextmanager

@@ -89,8 +89,7 @@ def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cach
     own = prompt_tokens * (1.0 - cached)
     # the prompts ahead: requests queued above max_num_seqs, and this gateway's streamed prompts still without a
     # first token; a queued streamed request is in both, so the larger of the two, not their sum
-    queued = n_wait * 0.5 * per_req
-    ahead = queued if queued > view.pending_prefill_tokens else view.pending_prefill_tokens
+    ahead = max(n_wait * 0.5 * per_req, view.pending_prefill_tokens)
     steps = math.ceil((own + ahead) / max(1, wp.max_num_batched_tokens - n_run)) or 1
     attn = wp.attn * own * (prompt_tokens - own + own / 2) / 1e6
     ttft = wp.ttft_overhead + steps * decode_step + wp.prefill * (own + ahead) + attn

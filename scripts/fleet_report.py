@@ -30,6 +30,7 @@ import json
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,22 +132,30 @@ BUCKETS = (0, 500, 1000, 2000, 4000)  # prompt tokens: the lower edges of the ga
 _Run = tuple[str, float, int]  # (policy, modelled rate, seed)
 
 
-def _gateway_runs(pattern: str, speedup: float, warmup_s: float) -> dict[_Run, list[dict[str, Any]]]:
-    """The answered streamed requests of each run in the request logs (``requests-<policy>-rate<r>-s<seed>-r<k>.jsonl``)
-    under the folders ``pattern`` matches, after the run's warm-up (modelled seconds from its first request),
-    TTFT in modelled ms."""
-    runs: dict[_Run, list[dict[str, Any]]] = defaultdict(list)
+def _request_logs(pattern: str) -> Iterator[tuple[str, float, int, dict[str, Any]]]:
+    """(policy, rate as run, seed, record) of every answered streamed request in the request logs
+    (``requests-<policy>-rate<r>-s<seed>-r<k>.jsonl``) under the folders ``pattern`` matches."""
     for folder in glob.glob(pattern):
         for f in Path(folder).glob("requests-*-rate*-s*-r*.jsonl"):
             policy, _, rest = f.stem.removeprefix("requests-").rpartition("-rate")
-            rate, seed = rest.split("-s")[0], rest.split("-s")[1].split("-r")[0]
-            lines = (json.loads(x) for x in f.read_text().splitlines() if x.strip().endswith("}"))
-            runs[(policy, round(float(rate) / speedup, 3), int(seed))] += [
+            rate, _, rest = rest.partition("-s")
+            seed = int(rest.partition("-r")[0])
+            for line in f.read_text().splitlines():
+                r = json.loads(line) if line.strip().endswith("}") else {}  # a truncated last line is skipped
+                if r.get("ttft_s") is not None and r.get("outcome") == "ok":
+                    yield policy, float(rate), seed, r
+
+
+def _gateway_runs(pattern: str, speedup: float, warmup_s: float) -> dict[_Run, list[dict[str, Any]]]:
+    """Each run's answered streamed requests (:func:`_request_logs`) after its warm-up (modelled seconds from
+    its first request), TTFT in modelled ms."""
+    runs: dict[_Run, list[dict[str, Any]]] = defaultdict(list)
+    for policy, rate, seed, r in _request_logs(pattern):
+        if r.get("prompt_tokens") is not None:
+            runs[(policy, round(rate / speedup, 3), seed)].append(
                 {"ts": r["ts"], "model": str(r.get("model")), "prompt": r["prompt_tokens"],
                  "inflight": (r.get("fleet") or {}).get("inflight_requests", 0), "ttft": 1e3 * r["ttft_s"] * speedup}
-                for r in lines
-                if r.get("ttft_s") is not None and r.get("outcome") == "ok" and r.get("prompt_tokens") is not None
-            ]  # fmt: skip
+            )  # fmt: skip
     for key, reqs in runs.items():
         start = min((r["ts"] for r in reqs), default=0.0) + warmup_s / speedup
         runs[key] = [r for r in reqs if r["ts"] >= start]
@@ -207,14 +216,8 @@ def layers(entries: list[dict[str, Any]], logs: str) -> list[str]:
     rows = ["| rate | policy | seed | worker | requests | engine TTFT mean / p50 / p90 (ms) | "
             "gateway TTFT mean / p50 / p90 (ms) | gateway minus engine, mean (ms) |", "|" + " --- |" * 8]  # fmt: skip
     gw: dict[tuple[str, float, int, str], list[float]] = defaultdict(list)
-    for folder in glob.glob(logs):
-        for f in Path(folder).glob("requests-*-rate*-s*-r*.jsonl"):
-            policy, _, rest = f.stem.removeprefix("requests-").rpartition("-rate")
-            rate, seed = float(rest.split("-s")[0]), int(rest.split("-s")[1].split("-r")[0])
-            for line in f.read_text().splitlines():
-                r = json.loads(line) if line.strip().endswith("}") else {}
-                if r.get("ttft_s") is not None and r.get("outcome") == "ok":
-                    gw[(policy, rate, seed, str(r.get("backend")))].append(1e3 * float(r["ttft_s"]))
+    for policy, rate, seed, r in _request_logs(logs):
+        gw[(policy, rate, seed, str(r.get("backend")))].append(1e3 * float(r["ttft_s"]))
     for e in sorted(entries, key=lambda e: (_rate(e), e["policy"], e.get("seed", 0))):
         for worker, c in sorted((e.get("worker_counters") or {}).items()):
             n = c.get("ttft_count", 0.0)

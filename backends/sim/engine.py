@@ -232,7 +232,7 @@ class Engine:
             t = (free if free > now else now) + self._fe_request + self._fe_token * prompt_len
             self._fe_free = t
         if self._jitter > 0:
-            return t + max(0.0, self._ttft_overhead + (self._jitter_rng.random() - 0.5) * self._jitter)
+            return t + self._ttft_overhead + (self._jitter_rng.random() - 0.5) * self._jitter  # >= 0: see __init__
         return t + self._ttft_overhead
 
     def submit(self, req: Request) -> None:

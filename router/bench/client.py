@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from router.bench.workloads import Step, Workflow, make_workflow
 from router.config import Config
@@ -288,10 +289,22 @@ _COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", 
 _TTFT = "vllm:time_to_first_token_seconds"
 
 
+def _counter_key(name: str, labels: dict[str, str]) -> str | None:
+    """The bench's key of one exposition sample, or None for a sample it does not keep."""
+    if name in _COUNTERS:
+        return name.removeprefix("vllm:").removesuffix("_total")
+    if name == _TTFT + "_bucket":
+        return f"ttft_le_{labels['le']}"
+    if name in (_TTFT + "_count", _TTFT + "_sum"):
+        return "ttft_" + name.rpartition("_")[2]
+    return None
+
+
 async def scrape_workers(urls: dict[str, str]) -> dict[str, dict[str, float]]:
     """Each worker's vLLM counters that matter to the bench: prefix cache, preemptions, and the engine's own
     TTFT histogram (``ttft_le_<bound>``, ``ttft_count``, ``ttft_sum``: TTFT as the worker saw it, without
-    the gateway, the client or anything between them)."""
+    the gateway, the client or anything between them). Samples of several engines or models add up; an
+    unparseable exposition keeps what was read before the bad line."""
     out: dict[str, dict[str, float]] = {}
     async with httpx.AsyncClient(timeout=2.0) as http:
         for name, url in urls.items():
@@ -300,20 +313,11 @@ async def scrape_workers(urls: dict[str, str]) -> dict[str, dict[str, float]]:
             except httpx.HTTPError:
                 continue
             vals: dict[str, float] = {}
-            for line in text.splitlines():
-                metric = line.split("{", 1)[0].split(" ", 1)[0]
-                if metric in _COUNTERS:
-                    key = metric.removeprefix("vllm:").removesuffix("_total")
-                elif metric.startswith(_TTFT) and not metric.endswith("_created"):
-                    kind = metric.removeprefix(_TTFT + "_")  # bucket, count or sum
-                    if kind == "bucket":
-                        le = line.partition('le="')[2].partition('"')[0]
-                        kind = f"le_{le}" if le else ""
-                    key = f"ttft_{kind}" if kind in ("count", "sum") or kind.startswith("le_") else ""
-                else:
-                    continue
-                with contextlib.suppress(ValueError):
-                    if key:
-                        vals[key] = vals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+            with contextlib.suppress(ValueError):
+                for family in text_string_to_metric_families(text):
+                    for sample in family.samples:
+                        key = _counter_key(sample.name, sample.labels)
+                        if key is not None:
+                            vals[key] = vals.get(key, 0.0) + float(sample.value)
             out[name] = vals
     return out
