@@ -59,6 +59,14 @@ class WorkflowRecord:
     success: bool = False
     success_strict: bool = False  # and the answer the last check passed was itself correct
     error: bool = False
+    # the workflow's scheduled arrival (open loop), which decides whether it is measured: its actual start lags
+    # by the client's scheduling, and a workflow due at a window's edge would fall on either side run to run
+    arrival: float | None = None
+
+    @property
+    def at(self) -> float:
+        """When the workflow counts as arrived: its scheduled arrival, else (closed loop) its start."""
+        return self.start if self.arrival is None else self.arrival
 
 
 @dataclass
@@ -144,8 +152,10 @@ class AgentClients:
 Progress = Callable[[int], None]
 
 
-async def run_workflow(clients: AgentClients, wf: Workflow, log: RunLog, t0: float, on_request: Progress) -> None:
-    rec = WorkflowRecord(wf.id, wf.kind, time.monotonic() - t0)
+async def run_workflow(
+    clients: AgentClients, wf: Workflow, log: RunLog, t0: float, on_request: Progress, arrival: float | None = None
+) -> None:
+    rec = WorkflowRecord(wf.id, wf.kind, time.monotonic() - t0, arrival=arrival)
     log.workflows.append(rec)
     while (step := wf.next_step()) is not None:
         req, text = await clients.send(step, wf.id, t0, wf.steps)
@@ -186,7 +196,8 @@ async def open_loop(
         if i % n != k:
             continue
         await asyncio.sleep(max(0.0, at - (time.monotonic() - t0)))
-        tasks.append(asyncio.create_task(run_workflow(clients, make_workflow(workload, seed, i), log, t0, on_request)))
+        wf = make_workflow(workload, seed, i)
+        tasks.append(asyncio.create_task(run_workflow(clients, wf, log, t0, on_request, arrival=at)))
     await asyncio.sleep(max(0.0, horizon_s - (time.monotonic() - t0)))
     await _drain(tasks, drain_s)
 

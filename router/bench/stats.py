@@ -55,7 +55,7 @@ def meets_sla(r: RequestRecord, config: Config, scale: float) -> bool:
 
 def summarize(log: RunLog, config: Config, *, warmup_s: float, duration_s: float, sla_scale: float) -> dict[str, Any]:
     """The measured part of one run as the contract's entry fields (without policy and config)."""
-    measured_wf = [w for w in log.workflows if warmup_s <= w.start < warmup_s + duration_s]
+    measured_wf = [w for w in log.workflows if warmup_s <= w.at < warmup_s + duration_s]
     ids = {w.id for w in measured_wf}
     reqs = [r for r in log.requests if r.workflow in ids]
     ok = [r for r in reqs if r.error is None and r.e2e_s is not None]
@@ -117,7 +117,7 @@ def _peak_kv(log: RunLog) -> dict[str, float]:
 
 def latencies(log: RunLog, warmup_s: float, duration_s: float) -> dict[str, list[float]]:
     """Raw per-request latencies (ms) of the measured part, for the CDF plots."""
-    ids = {w.id for w in log.workflows if warmup_s <= w.start < warmup_s + duration_s}
+    ids = {w.id for w in log.workflows if warmup_s <= w.at < warmup_s + duration_s}
     ok = [r for r in log.requests if r.workflow in ids and r.error is None]
     return {
         "ttft_ms": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
