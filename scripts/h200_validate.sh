@@ -15,7 +15,7 @@
 # processes per run: `chimera bench --clients`), COLOCATE=1 (probe
 # the workers sharing a GPU first: $OUT/colocate.json; COLOCATE_ARGS: more colocate.py probe options, e.g.
 # "--alone --sampling greedy,bench", each worker's decode alone with the probes' and the bench's sampling), KEEP=1 (leave the workers running for the next call;
-# a call that finds them all healthy skips the boot), CHAT_PROBE=1 (chat vs completions TTFT, direct and proxied, per worker), BENCH_VOCAB=1 (a tokenizer with the bench's words: scripts/calibrate/bench_vocab.py).
+# a call that finds them all healthy skips the boot), CHAT_PROBE=1 (chat vs completions TTFT, direct and proxied, per worker), SPLIT_PROBE=1 (a busy worker's TTFT split by vLLM's own timings), BENCH_VOCAB=1 (a tokenizer with the bench's words: scripts/calibrate/bench_vocab.py).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 \
@@ -122,6 +122,19 @@ if [ "${CHAT_PROBE:-0}" = 1 ]; then
   python3 -c "import json, sys; json.dump([json.load(open(f)) for f in sys.argv[1:]], open('$OUT/chat-probe.json', 'w'), indent=1)" \
     $L/chat-*.json 2>/dev/null
   echo "chat probe done $(el)"
+fi
+
+# SPLIT_PROBE=1: each worker's TTFT of one injected request while B streams decode, split by vLLM's own queue, prefill
+# and TTFT histograms ($OUT/split-probe.json; scripts/calibrate/split_probe.py; SPLIT_ARGS: more options)
+if [ "${SPLIT_PROBE:-0}" = 1 ]; then
+  while read -r name port model rest; do
+    left=$(( END - $(date +%s) - 30 )); [ $left -lt 30 ] && { echo "SKIP split probe $name: no time left $(el)"; continue; }
+    timeout $(( left < 240 ? left : 240 )) python3 scripts/calibrate/split_probe.py --url http://127.0.0.1:$port \
+      --model "$model" ${SPLIT_ARGS:-} --out "$L/split-$name.json"
+  done < "$L/backends.txt"
+  python3 -c "import json, sys; json.dump([json.load(open(f)) for f in sys.argv[1:]], open('$OUT/split-probe.json', 'w'), indent=1)" \
+    $L/split-*.json 2>/dev/null
+  echo "split probe done $(el)"
 fi
 
 # 4. the bench, one policy at a time, caches reset in between

@@ -12,7 +12,8 @@ python scripts/real_vllm.py configs examples/h200-real.yaml --real-out R.yaml [-
        (../shared/gpu/mkmodels.py: the bench's words are all <unk>, so real prompts hit vLLM's prefix
        cache far more than distinct words would): a copy of each profile with that `tokenizer`, in
        S's folder as <S stem>-profiles/<profile>.json; --tokenizer words keeps the shipped profiles;
-       --async-scheduling sets the profiles' async_scheduling (vLLM 0.26's default; docs/CALIBRATION.md);
+       --[no-]async-scheduling sets the profiles' async_scheduling (vLLM 0.26's default, and the shipped
+       profiles' since 2026-11-30; --no-async-scheduling gives the synchronous sim of earlier runs);
        --ttft-jitter-ms W their overhead_s.ttft_jitter (the request-to-request TTFT spread; docs/CALIBRATION.md);
        --prior-profiles DIR points the backends' `profile:` (the predictor's cold-start prior, not the sims)
        at DIR/<profile>.json: the profiles the real run's gateway had, when the sims' have been refitted since
@@ -77,7 +78,7 @@ def cmd_configs(args: argparse.Namespace) -> None:
         for i, b in enumerate(sim["backends"], 1):
             b.pop("launch", None)
             profile = b["profile"]
-            if args.tokenizer != "words" or args.async_scheduling or args.ttft_jitter_ms:
+            if args.tokenizer != "words" or args.async_scheduling is not None or args.ttft_jitter_ms:
                 profile = derived_profile(
                     b["profile"], args.sim_out, args.tokenizer, args.async_scheduling, args.ttft_jitter_ms / 1e3
                 )
@@ -89,16 +90,19 @@ def cmd_configs(args: argparse.Namespace) -> None:
         Path(args.sim_out).write_text(yaml.safe_dump(sim, sort_keys=False))
 
 
-def derived_profile(name: str, sim_out: str, tokenizer: str, async_scheduling: bool, ttft_jitter_s: float = 0.0) -> str:
-    """A copy of profile ``name`` with the given tokenizer (and async scheduling, TTFT jitter); returns its path."""
+def derived_profile(
+    name: str, sim_out: str, tokenizer: str, async_scheduling: bool | None, ttft_jitter_s: float = 0.0
+) -> str:
+    """A copy of profile ``name`` with the given tokenizer (and async scheduling when not None, TTFT jitter);
+    returns its path."""
     from backends.sim.profile import PROFILE_DIR, parse_profile
 
     path = Path(name) if name.endswith(".json") else PROFILE_DIR / f"{name}.json"
     raw = json.loads(path.read_text())
     if tokenizer == "wordlevel":
         raw["tokenizer"] = {"kind": "wordlevel", "vocab_size": VOCAB_SIZES.get(raw["model"], 151936)}
-    if async_scheduling:
-        raw["async_scheduling"] = True
+    if async_scheduling is not None:
+        raw["async_scheduling"] = async_scheduling
     if ttft_jitter_s:
         raw.setdefault("overhead_s", {})["ttft_jitter"] = ttft_jitter_s
     parse_profile(raw, source=str(path))  # still a valid profile
@@ -266,7 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         default="wordlevel",
         help="sim: the real test models' word-level tokenizer (default) or the sim's own words",
     )
-    c.add_argument("--async-scheduling", action="store_true", help="sim: profiles with async_scheduling on")
+    c.add_argument(
+        "--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+        help="sim: profiles with async_scheduling on / off (default: as the profile says; on in the shipped ones)",
+    )  # fmt: skip
     c.add_argument(
         "--ttft-jitter-ms",
         type=float,

@@ -152,6 +152,7 @@ class EngineStats:
     e2e: Hist = field(default_factory=lambda: Hist(REQUEST_BUCKETS))
     itl: Hist = field(default_factory=lambda: Hist(ITL_BUCKETS))
     queue: Hist = field(default_factory=lambda: Hist(REQUEST_BUCKETS))
+    prefill: Hist = field(default_factory=lambda: Hist(REQUEST_BUCKETS))  # first scheduled -> first token
     lag: Hist = field(default_factory=lambda: Hist(LAG_BUCKETS))
 
 
@@ -303,6 +304,9 @@ class Engine:
         if not preempted:
             waiting = self.waiting
             seen_by = self._admit_by(now, bool(reqs))
+            # when vLLM scheduled this step: under async scheduling, as the previous one started (its queue and
+            # prefill time histograms split there)
+            scheduled_at = seen_by if seen_by < now else now
             while waiting and budget > 0 and len(running) < self.max_num_seqs:
                 req = waiting[0]
                 if req.queued_at > seen_by:
@@ -319,8 +323,8 @@ class Engine:
                 req.num_computed = start
                 req.status = Status.RUNNING
                 if req.first_scheduled < 0:
-                    req.first_scheduled = now
-                    st.queue.observe(now - req.queued_at)
+                    req.first_scheduled = scheduled_at
+                    st.queue.observe(scheduled_at - req.queued_at)
                 running.append(req)
                 reqs.append(req)
                 news.append(n)
@@ -407,6 +411,7 @@ class Engine:
             if i == 0:
                 req.first_token = now
                 ttft.observe(now - req.arrival)
+                st.prefill.observe(now - req.first_scheduled)
                 st.prompt_tokens += req.prompt_len
             else:
                 itl.observe(now - req.last_token)

@@ -175,6 +175,9 @@ class EngineCollector(Collector):
         yield hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", s.e2e)
         yield hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", s.itl)
         yield hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase.", s.queue)
+        yield hist(
+            "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", s.prefill
+        )
         yield gauge("sim:engine_lag_seconds", "Lateness of the latest engine step against its schedule.", s.last_lag)
         yield hist("sim:engine_step_lag_seconds", "Lateness of engine steps against their schedule.", s.lag)
         yield counter("sim:engine_steps", "Engine steps run.", s.steps)

@@ -268,10 +268,28 @@ def test_async_scheduling_admits_a_request_that_came_mid_step_one_step_later(mak
             steps.append(engine.step(t))
             t += steps[-1].duration
         assert late in steps[first_step].requests and late not in steps[first_step - 1].requests
+        # vLLM stamps "scheduled" when it schedules the step: async, as the step before it started
+        assert late.first_scheduled == steps[first_step - 1 if async_ else first_step].start
     # an idle engine takes a request at once, async or not
     engine = make_engine(async_scheduling=True)
     engine.enqueue(request(30, out=2, tag=3), 5.0)
     assert engine.step(5.0).num_new == [30]
+
+
+def test_queue_and_prefill_times_split_a_requests_wait_from_its_prefill(make_engine: MakeEngine) -> None:
+    """vllm:request_queue_time_seconds runs from the queue to the first scheduled step, and
+    vllm:request_prefill_time_seconds from there to the first token, over every chunk of the prompt."""
+    engine = make_engine(max_num_batched_tokens=512)
+    first, second = request(1000, out=2, tag=1), request(100, out=2, tag=2)
+    engine.enqueue(first, 0.0)
+    engine.enqueue(second, 0.0)
+    batches = run(engine)
+    assert [b.num_new for b in batches[:2]] == [[512], [488, 24]]  # the second starts in the first's tail step
+    ends = [b.start + b.duration for b in batches]
+    q, pf = engine.stats.queue, engine.stats.prefill
+    assert sum(q.counts) == sum(pf.counts) == 2
+    assert abs(q.sum - batches[1].start) < 1e-12  # the first was scheduled at once, the second a step later
+    assert abs(pf.sum - (ends[1] + (ends[2] - batches[1].start))) < 1e-12  # 2 chunks for one, 2 steps for the other
 
 
 def test_a_schedule_behind_the_clock_still_admits_what_is_queued(make_engine: MakeEngine) -> None:

@@ -72,6 +72,7 @@ def test_models_health_and_metric_names(sim_server: SimServer, sim_profile: Prof
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
         "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
         "vllm:inter_token_latency_seconds_bucket", "vllm:request_queue_time_seconds_bucket",
+        "vllm:request_prefill_time_seconds_bucket",
         "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
         "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "sim:engine_lag_seconds",
     ):  # fmt: skip
