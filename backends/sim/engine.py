@@ -22,7 +22,7 @@ from enum import Enum
 
 from backends.sim.kvcache import KVCache
 from backends.sim.metrics import ITL_BUCKETS, LAG_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS, Hist
-from backends.sim.profile import Profile, ProfileError
+from backends.sim.profile import STREAM_RHO_MAX, Profile, ProfileError
 from backends.sim.textgen import MARKER_INDEX, VOCAB_IDS, Answer, word_index
 
 
@@ -209,6 +209,10 @@ class Engine:
         self._fe_request = fe.per_request / speedup if fe is not None else 0.0
         self._fe_token = fe.per_prompt_token / speedup if fe is not None else 0.0
         self._fe_free = float("-inf")  # when the serial front end is next free (loop clock)
+        # the API server's streaming work (Frontend.stream_token / stream_wait): its share of the event loop
+        self._fe_stream_token = fe.stream_token if fe is not None else 0.0
+        self._fe_stream_wait = fe.stream_wait / speedup if fe is not None and fe.stream_token > 0 else 0.0
+        self._stream_rate = 0.0
         self._async = profile.async_scheduling
         self._sampling = profile.sampling
         # the previous step's (start, end): under async scheduling a step that follows it back to back
@@ -225,13 +229,18 @@ class Engine:
 
         The serial part (``frontend_s``) is a FIFO server: the request waits until the front end is
         free, then occupies it for ``per_request + per_prompt_token * prompt_len``; the constant
-        ``overhead_s.ttft`` follows in parallel (it does not hold the server).
+        ``overhead_s.ttft`` follows in parallel (it does not hold the server). While requests run, the
+        server's streaming work delays it by ``stream_wait * rho / (1 - rho)`` (``Frontend``).
         """
         t = now
         if self._fe_request > 0 or self._fe_token > 0:
             free = self._fe_free
             t = (free if free > now else now) + self._fe_request + self._fe_token * prompt_len
             self._fe_free = t
+        if self._fe_stream_wait and self.running:
+            rho = self._stream_rate * self._fe_stream_token
+            rho = rho if rho < STREAM_RHO_MAX else STREAM_RHO_MAX
+            t += self._fe_stream_wait * rho / (1.0 - rho)
         if self._jitter > 0:
             return t + self._ttft_overhead + (self._jitter_rng.random() - 0.5) * self._jitter  # >= 0: see __init__
         return t + self._ttft_overhead
@@ -393,7 +402,7 @@ class Engine:
         kv, bs, st = self.kv, self.kv.block_size, self.stats
         running_status = Status.RUNNING
         finished = False
-        sampled = 0
+        sampled = streamed = 0
         ttft, itl = st.ttft, st.itl
         for req, n in zip(batch.requests, batch.num_new, strict=True):
             if req.status is not running_status:
@@ -407,6 +416,8 @@ class Engine:
                 continue  # mid-prefill chunk: nothing sampled
             i = len(out)
             sampled += 1
+            if req.notify_each:
+                streamed += 1  # a token the API server writes as it comes
             out.append(req.marker_index if i == req.marker_at else word_index(req.word_start, i))
             if i == 0:
                 req.first_token = now
@@ -431,6 +442,8 @@ class Engine:
                 if not w.done():
                     w.set_result(None)
         st.generation_tokens += sampled
+        if self._fe_stream_wait and now > batch.start:  # streamed tokens per modelled second, smoothed over steps
+            self._stream_rate += 0.3 * (streamed / ((now - batch.start) * self.speedup) - self._stream_rate)
         if finished:
             self.running = [r for r in self.running if r.status is running_status]
         st.steps += 1

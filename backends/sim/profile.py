@@ -61,10 +61,22 @@ class Frontend:
 
     Each request occupies it for ``per_request + per_prompt_token * prompt_tokens`` seconds before it
     reaches the engine's queue; a burst of requests therefore reaches the engine spread out.
+
+    The same process (one event loop) writes every streamed token to its client. At a rate of ``r`` streamed
+    tokens per second its share of that work is ``rho = r * stream_token``, and a request then takes
+    ``stream_wait * rho / (1 - rho)`` longer to get through it (its intake and its first token's way back,
+    measured together by ``scripts/calibrate/split_probe.py``; ``rho`` capped at ``STREAM_RHO_MAX``).
     """
 
     per_request: float = 0.0
     per_prompt_token: float = 0.0
+    stream_token: float = 0.0
+    stream_wait: float = 0.0
+
+
+#: The API server's streaming share is capped here: past it vLLM coalesces tokens into fewer chunks (the measured
+#: split points reach 0.7), and the queueing formula would grow without bound.
+STREAM_RHO_MAX = 0.9
 
 
 @dataclass(frozen=True)
@@ -260,11 +272,9 @@ def _jitter(source: str, overhead: dict[str, Any]) -> float:
 def _frontend(source: str, raw: dict[str, Any]) -> Frontend | None:
     if "frontend_s" not in raw:
         return None
-    sec = _section(source, raw, "frontend_s", ("per_request", "per_prompt_token"))
-    return Frontend(
-        per_request=_number(source, "frontend_s.per_request", sec.get("per_request", 0.0), minimum=0.0),
-        per_prompt_token=_number(source, "frontend_s.per_prompt_token", sec.get("per_prompt_token", 0.0), minimum=0.0),
-    )
+    keys = ("per_request", "per_prompt_token", "stream_token", "stream_wait")
+    sec = _section(source, raw, "frontend_s", keys)
+    return Frontend(**{k: _number(source, f"frontend_s.{k}", sec.get(k, 0.0), minimum=0.0) for k in keys})
 
 
 def positive_int(what: str, value: int | None) -> int | None:

@@ -322,7 +322,7 @@ def fit_frontend(prof: dict, runs: list[dict]) -> float:
 
 def keep_fitted_elsewhere(prof: dict, shipped: Path) -> None:
     """Carry over what other scripts fit into the shipped profile (``gpu_share``: colocate.py fit; ``sampling_s``:
-    fit_sampling.py), which this fit does not touch."""
+    fit_sampling.py; ``frontend_s.stream_*``: fit_stream.py), which this fit does not touch."""
     if not shipped.exists():
         return
     old = json.loads(shipped.read_text())
@@ -331,6 +331,11 @@ def keep_fitted_elsewhere(prof: dict, shipped: Path) -> None:
             prof[key] = old[key]
             if prov in old.get("provenance", {}):
                 prof["provenance"][prov] = old["provenance"][prov]
+    for key in ("stream_token", "stream_wait"):
+        if key in old.get("frontend_s", {}):
+            prof["frontend_s"][key] = old["frontend_s"][key]
+    if "stream" in old.get("provenance", {}):
+        prof["provenance"]["stream"] = old["provenance"]["stream"]
 
 
 def main() -> None:

@@ -104,7 +104,8 @@ def run_cell_batch(a: argparse.Namespace, c: httpx.Client, batch: int, rng: rand
     """Every prompt length's samples with ``batch`` streams decoding (interleaved, so a drift falls on all)."""
     child = None
     if batch:
-        specs = [{"id": i, "prompt": 256, "out": a.decode_out, "stream": True, "seed": rng.randrange(1 << 30)}
+        stream = bool(a.decode_stream)
+        specs = [{"id": i, "prompt": 256, "out": a.decode_out, "stream": stream, "seed": rng.randrange(1 << 30)}
                  for i in range(batch)]  # fmt: skip
         child = mp.get_context("spawn").Process(
             target=run_specs, args=((a.url, a.model, specs, time.perf_counter() + 0.3, 600.0),), daemon=True
@@ -139,9 +140,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", default="128,2048")
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--decode-out", type=int, default=3000, help="the decoders' output length (cancelled at the end)")
+    ap.add_argument(
+        "--decode-stream", type=int, default=1, help="1: the decoders stream (SSE per token); 0: they do not"
+    )
     ap.add_argument("--settle", type=float, default=0.4, help="seconds after the decoders are running")
     ap.add_argument("--gap", type=float, default=0.1, help="pause between samples: gap + U(0, gap) s")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seed", type=int, default=None, help="prompt seed (default: from the clock, so a rerun on the same "
+        "workers finds no prompt of the last one in their prefix caches; the 2026-11-30 boot-2 run used 0 twice)"
+    )  # fmt: skip
     ap.add_argument(
         "--speedup",
         type=float,
@@ -151,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     a.prompts = [int(x) for x in a.prompts.split(",") if x]
+    if a.seed is None:
+        a.seed = time.time_ns() % (1 << 31)
     rng = random.Random(a.seed)
     cells = []
     with httpx.Client(timeout=120.0) as c:
@@ -165,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
         "model": a.model,
         "reps": a.reps,
         "decode_out": a.decode_out,
+        "decode_stream": a.decode_stream,
+        "seed": a.seed,
         "speedup": a.speedup,
         "date": time.strftime("%F %T"),
     }

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from backends.sim.engine import Batch, Engine, Request, Status
-from backends.sim.profile import PROFILE_DIR, ProfileError
+from backends.sim.profile import PROFILE_DIR, STREAM_RHO_MAX, ProfileError
 from backends.sim.server import SimSettings, build_engine
 from backends.sim.textgen import Answer
 
@@ -187,6 +187,36 @@ def test_decode_batches_above_the_limit_fall_off_the_cliff(make_engine: MakeEngi
     linear = c.base + 129 * c.decode_seqs
     assert abs(step_of(129) - (max(linear, 0.02) + 0.001 + 129 * 1e-6)) < 1e-12
     assert step_of(129) - step_of(128) > 0.004  # a cliff, not the 0.1 ms of one more sequence
+
+
+def test_streamed_tokens_slow_the_front_end_down_as_a_queue_would(make_engine: MakeEngine) -> None:
+    """frontend_s.stream_token / stream_wait: with B requests streaming tokens, a new request's way through the
+    API server takes stream_wait * rho / (1 - rho) longer, rho = streamed tokens per second * stream_token;
+    requests that do not stream cost nothing, and an idle engine none."""
+
+    def delay(batch: int, stream: bool, speedup: float = 1.0) -> float:
+        engine = make_engine(
+            speedup=speedup,
+            frontend_s={"stream_token": 1e-4, "stream_wait": 0.01},
+            step_time_s={"base": 0.004, "decode_seqs": 0.0},  # 4 ms steps whatever the batch
+            overhead_s={"ttft": 0.0},
+        )
+        for k in range(batch):
+            r = request(16, out=500, tag=k)
+            r.notify_each = stream
+            engine.enqueue(r, 0.0)
+        t = 0.0
+        for _ in range(60):  # long enough for the smoothed rate to settle
+            t += engine.step(t).duration
+        return (engine.frontend_exit(t, 0) - t) * speedup  # modelled seconds
+
+    assert delay(0, True) == 0.0
+    assert delay(8, False) == 0.0
+    for batch in (4, 8, 16):
+        rho = batch / 0.004 * 1e-4  # 0.1, 0.2, 0.4
+        assert delay(batch, True) == pytest.approx(0.01 * rho / (1 - rho), rel=1e-3)
+    assert delay(8, True, speedup=0.25) == pytest.approx(delay(8, True), rel=1e-3)  # modelled time at any speed
+    assert delay(64, True) == pytest.approx(0.01 * STREAM_RHO_MAX / (1 - STREAM_RHO_MAX), rel=1e-3)  # capped
 
 
 def test_the_serial_front_end_spreads_a_burst(make_engine: MakeEngine) -> None:
