@@ -74,9 +74,11 @@ class Frontend:
     stream_wait: float = 0.0
 
 
-#: The API server's streaming share is capped here: past it vLLM coalesces tokens into fewer chunks (the measured
-#: split points reach 0.7), and the queueing formula would grow without bound.
-STREAM_RHO_MAX = 0.9
+#: The API server's streaming share is capped at the highest the split probes measured (0.68, the 0.5B with 64
+#: streams): past it vLLM coalesces tokens into fewer chunks, and the queueing formula, unmeasured there, would grow
+#: without bound. The sim's small models decode faster than the probed boots, so without the cap they would reach
+#: it at 64 streams and wait ~195 ms where the H200 waited 33-98 ms (docs/CALIBRATION.md).
+STREAM_RHO_MAX = 0.7
 
 
 @dataclass(frozen=True)
