@@ -332,8 +332,10 @@ class Engine:
                 req.num_computed = start
                 req.status = Status.RUNNING
                 if req.first_scheduled < 0:
-                    req.first_scheduled = scheduled_at
-                    st.queue.observe(scheduled_at - req.queued_at)
+                    # a schedule behind the loop's clock can predate the queueing (a late wake-up): no negative wait
+                    at = scheduled_at if scheduled_at > req.queued_at else req.queued_at
+                    req.first_scheduled = at
+                    st.queue.observe(at - req.queued_at)
                 running.append(req)
                 reqs.append(req)
                 news.append(n)

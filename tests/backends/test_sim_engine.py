@@ -329,6 +329,7 @@ def test_a_schedule_behind_the_clock_still_admits_what_is_queued(make_engine: Ma
         engine = make_engine(async_scheduling=async_)
         engine.enqueue(request(30, out=2, tag=4), 5.0)
         assert engine.step(4.9).num_new == [30]
+        assert engine.stats.queue.sum == 0.0  # scheduled as it was queued, not 0.1 s before
 
 
 def _jittery_profile() -> str:
