@@ -174,11 +174,11 @@ def gateway(
     if not both:
         raise SystemExit(f"no run is in both {real!r} ({len(a)} runs) and {sim!r} ({len(b)} runs)")
     cells: dict[tuple[str, int], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    edges, field = (BUCKETS, "prompt") if by == "prompt" else (INFLIGHT, "inflight")
     for side, runs in ((0, a), (1, b)):
         for key in both:
             for r in runs[key]:
-                edges, value = (BUCKETS, r["prompt"]) if by == "prompt" else (INFLIGHT, r["inflight"])
-                cells[(r["model"], max(x for x in edges if value >= x))][side].append(r["ttft"])
+                cells[(r["model"], max(x for x in edges if r[field] >= x))][side].append(r["ttft"])
     rows = [f"runs in both: {len(both)} ({', '.join(sorted({k[0] for k in both}))}; rates "
             f"{', '.join(f'{x:g}' for x in sorted({k[1] for k in both}))}; seeds {sorted({k[2] for k in both})})", "",
             f"| model | {'prompt tokens' if by == 'prompt' else 'in flight at dispatch'} | requests real / sim | "
@@ -188,7 +188,7 @@ def gateway(
     for (model, bucket), (ra, rb) in sorted(cells.items()):
         if min(len(ra), len(rb)) < min_n:
             continue  # too few for a p90
-        nxt = [x for x in (BUCKETS if by == "prompt" else INFLIGHT) if x > bucket]
+        nxt = [x for x in edges if x > bucket]
         row = [model, f"{bucket:,} to {nxt[0] - 1:,}" if nxt else f"≥ {bucket:,}", f"{len(ra)} / {len(rb)}"]
         for q in (0.5, 0.9):
             x, y = statistics.quantiles(ra, n=10)[int(10 * q) - 1], statistics.quantiles(rb, n=10)[int(10 * q) - 1]

@@ -33,6 +33,8 @@ WARMUP=${WARMUP:-4}; DUR_chat=${DUR_chat:-16}; DUR_mixed=${DUR_mixed:-20}; DRAIN
 DRAIN_mixed=${DRAIN_mixed:-30}; BOOT_S=${BOOT_S:-300}
 CHIMERA="python3 -m router.cli"
 el() { echo "+$(( $(date +%s) - T0 )) s"; }
+# merge_json OUT FILE...: the files' JSON documents as one list in OUT (a call brings back at most 8 files)
+merge_json() { python3 -c "import json, sys; json.dump([json.load(open(f)) for f in sys.argv[2:]], open(sys.argv[1], 'w'), indent=1)" "$@" 2>/dev/null; }
 collect() {
   # this seed's runs only: on a warm machine (KEEP=1) the logs folder still holds earlier calls' seeds
   for wl in $WORKLOADS; do python3 scripts/real_vllm.py merge "$OUT/real-$wl.json" $L/bench-$wl-*-s$SEED 2>/dev/null; done
@@ -119,8 +121,7 @@ if [ "${CHAT_PROBE:-0}" = 1 ]; then
       --out "$L/chat-$name.json"
   done < "$L/backends.txt"
   # one file in $OUT (a call brings back at most 8); each worker's is also in logs.tgz
-  python3 -c "import json, sys; json.dump([json.load(open(f)) for f in sys.argv[1:]], open('$OUT/chat-probe.json', 'w'), indent=1)" \
-    $L/chat-*.json 2>/dev/null
+  merge_json "$OUT/chat-probe.json" $L/chat-*.json
   echo "chat probe done $(el)"
 fi
 
@@ -132,8 +133,7 @@ if [ "${SPLIT_PROBE:-0}" = 1 ]; then
     timeout $(( left < 240 ? left : 240 )) python3 scripts/calibrate/split_probe.py --url http://127.0.0.1:$port \
       --model "$model" ${SPLIT_ARGS:-} --out "$L/split-$name.json"
   done < "$L/backends.txt"
-  python3 -c "import json, sys; json.dump([json.load(open(f)) for f in sys.argv[1:]], open('$OUT/split-probe.json', 'w'), indent=1)" \
-    $L/split-*.json 2>/dev/null
+  merge_json "$OUT/split-probe.json" $L/split-*.json
   echo "split probe done $(el)"
 fi
 

@@ -37,7 +37,7 @@ def decode_steps() -> dict[str, tuple[list[int], list[float]]]:
     for c in json.loads(FIDELITY.read_text()):
         if c["cell"].startswith("TPOT p256 b") and c.get("real"):
             steps.setdefault(c["model"], []).append((int(c["cell"].rsplit("b", 1)[1]), c["real"] / 1e3))
-    return {m: (list(b), list(t)) for m, pts in steps.items() for b, t in [zip(*sorted(pts), strict=True)]}
+    return {m: ([b for b, _ in sorted(pts)], [t for _, t in sorted(pts)]) for m, pts in steps.items()}
 
 
 def points(files: list[Path]) -> list[dict]:
