@@ -2,10 +2,13 @@
 
 Before any training the predictor still routes sensibly: a request's TTFT is the API overhead plus
 the engine steps needed to prefill the prompts queued ahead of it and its own uncached prompt, each
-step costing the profile's linear step time at the current batch; its TPOT is one decode step at
-the batch it joins; e2e adds ``(output - 1) x TPOT``. Output length before training is the
-simulator's default answer length (lognormal, median 150, sigma 0.8). p90s are p50s times fixed
-factors. The learned models take these estimates as features and correct them.
+step costing the profile's linear step time at the current batch; on a busy worker, plus the wait
+for the step in progress (half a step; one more under vLLM's async scheduling, which plans the next
+step while one runs) and the API server's streaming work (``Frontend``: ``stream_wait * rho / (1 - rho)``,
+the running requests taken as streamed); its TPOT is one decode step at the batch it joins; e2e adds
+``(output - 1) x TPOT``. Output length before training is the simulator's default answer length
+(lognormal, median 150, sigma 0.8). p90s are p50s times fixed factors. The learned models take these
+estimates as features and correct them.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-from backends.sim.profile import Profile, ProfileError, available_profiles, load_profile
+from backends.sim.profile import STREAM_RHO_MAX, Profile, ProfileError, available_profiles, load_profile
 from router.config import Config
 from router.types import BackendView
 
@@ -42,14 +45,23 @@ class WorkerProfile:
     max_num_seqs: int
     max_num_batched_tokens: int
     quality: float
+    #: steps a request reaching a busy engine waits before the one that schedules it: 0.5 (the rest of the
+    #: step in progress), 1.5 under vLLM's async scheduling (that step's successor is already planned)
+    busy_wait_steps: float = 0.5
+    stream_token: float = 0.0  # the API server's work per streamed token (Frontend.stream_token)
+    stream_wait: float = 0.0  # its queueing scale (Frontend.stream_wait)
 
     @classmethod
     def of(cls, profile: Profile, time_scale: float = 1.0) -> WorkerProfile:
-        st, k = profile.step_time, time_scale
+        st, k, fe = profile.step_time, time_scale, profile.frontend
+        stream = fe is not None and fe.stream_token > 0 and fe.stream_wait > 0
         return cls(
             profile.name, k, st.base * k, st.prefill_tokens * k, st.decode_seqs * k,
             st.decode_context_tokens * k, st.prefill_attn_mtok2 * k, profile.ttft_overhead_s * k,
             profile.max_num_seqs, profile.max_num_batched_tokens, profile.quality,
+            1.5 if profile.async_scheduling else 0.5,
+            fe.stream_token * k if fe is not None and stream else 0.0,
+            fe.stream_wait * k if fe is not None and stream else 0.0,
         )  # fmt: skip
 
 
@@ -93,6 +105,12 @@ def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cach
     steps = math.ceil((own + ahead) / max(1, wp.max_num_batched_tokens - n_run)) or 1
     attn = wp.attn * own * (prompt_tokens - own + own / 2) / 1e6
     ttft = wp.ttft_overhead + steps * decode_step + wp.prefill * (own + ahead) + attn
+    if n_run:  # a busy engine: the step in progress (and, async, the one planned), the API server's streaming
+        ttft += wp.busy_wait_steps * decode_step
+        if wp.stream_wait:
+            rho = wp.stream_token * n_run / decode_step  # its share of the event loop: n_run tokens a step
+            rho = rho if rho < STREAM_RHO_MAX else STREAM_RHO_MAX
+            ttft += wp.stream_wait * rho / (1.0 - rho)
     kv = view.kv_usage or 0.0
     if kv > KV_PRESSURE_FROM:
         ttft *= 1.0 + 10.0 * (kv - KV_PRESSURE_FROM)

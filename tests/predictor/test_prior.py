@@ -94,3 +94,29 @@ agents:
     wps = worker_profiles(cfg)
     assert wps["real"].name == "h200-qwen2.5-0.5b" and wps["real"].time_scale == 1.0
     assert wps["sim"].name == "h200-qwen2.5-14b" and wps["sim"].time_scale == 2.0
+
+
+def test_a_busy_engine_adds_the_step_in_progress_and_the_api_servers_streaming() -> None:
+    """The shipped profiles run vLLM's async scheduling and fit the API server's streaming work: on a busy
+    worker a request waits the rest of the step in progress and the step already planned (1.5 steps), and
+    ``stream_wait * rho / (1 - rho)`` for the tokens the running requests stream (rho capped as the sim caps
+    it); an idle worker waits for neither. The whole TTFT scales with the time scale (rho does not)."""
+    from backends.sim.profile import STREAM_RHO_MAX
+
+    wp = profile_for("h200-qwen2.5-0.5b")
+    assert wp.busy_wait_steps == 1.5 and wp.stream_token > 0 and wp.stream_wait > 0
+    plain = replace(wp, busy_wait_steps=0.0, stream_token=0.0, stream_wait=0.0)
+    assert prior_latency(wp, view(0), 500, 0.0) == prior_latency(plain, view(0), 500, 0.0)
+    for n, capped in ((8, False), (wp.max_num_seqs, True)):
+        step = wp.base + wp.decode_seqs * n + wp.decode_ctx * n * 400  # view(): 800 tokens a request, half done
+        rho = wp.stream_token * n / step
+        assert (rho >= STREAM_RHO_MAX) is capped
+        rho = min(rho, STREAM_RHO_MAX)
+        extra = prior_latency(wp, view(n), 500, 0.0)[0] - prior_latency(plain, view(n), 500, 0.0)[0]
+        assert abs(extra - (1.5 * step + wp.stream_wait * rho / (1 - rho))) < 1e-12
+        assert prior_latency(wp, view(n), 500, 0.0)[1] == prior_latency(plain, view(n), 500, 0.0)[1]
+    sync = replace(plain, busy_wait_steps=0.5)
+    busy = prior_latency(sync, view(8), 500, 0.0)[0] - prior_latency(plain, view(8), 500, 0.0)[0]
+    assert abs(busy - 0.5 * (wp.base + wp.decode_seqs * 8 + wp.decode_ctx * 8 * 400)) < 1e-12
+    slow = profile_for("h200-qwen2.5-0.5b", time_scale=4.0)
+    assert abs(prior_latency(slow, view(8), 500, 0.0)[0] - 4 * prior_latency(wp, view(8), 500, 0.0)[0]) < 1e-12
