@@ -22,7 +22,7 @@ FORMAT = "chimera-predictor"
 SCHEMA_VERSION = 6  # bump when feature columns or the Predictor's layout change
 # What a file of an older schema lacks, for the refusal's message.
 SCHEMA_CHANGES = {
-    6: "the prior's wait for a busy engine's step in progress (async scheduling) and the API server's streaming",
+    6: "the prior's eager prefill steps, API-server intake and streaming, and async scheduling's wait",
     5: "the quality model's per-model term weights and the prior's prefill backlog",
     4: "the latency p90s' calibration per load bucket",
     3: "the p90s' conformal calibration",

@@ -1,8 +1,10 @@
 """The analytic cold-start prior: latency from a worker's hardware profile and its live load.
 
-Before any training the predictor still routes sensibly: a request's TTFT is the API overhead plus
-the engine steps needed to prefill the prompts queued ahead of it and its own uncached prompt, each
-step costing the profile's linear step time at the current batch; on a busy worker, plus the wait
+Before any training the predictor still routes sensibly: a request's TTFT is the API server's constant
+and its serial intake (``Frontend``: per request and per prompt token) plus the engine steps needed to
+prefill the prompts queued ahead of it and its own uncached prompt, each step costing the profile's
+linear step time at the current batch — or, for a step of more tokens than vLLM's CUDA graphs hold
+(``CudaGraph``: a prompt over 128 tokens), the eager step's cost; on a busy worker, plus the wait
 for the step in progress (half a step; one more under vLLM's async scheduling, which plans the next
 step while one runs) and the API server's streaming work (``Frontend``: ``stream_wait * rho / (1 - rho)``,
 the running requests taken as streamed); its TPOT is one decode step at the batch it joins; e2e adds
@@ -50,19 +52,40 @@ class WorkerProfile:
     busy_wait_steps: float = 0.5
     stream_token: float = 0.0  # the API server's work per streamed token (Frontend.stream_token)
     stream_wait: float = 0.0  # its queueing scale (Frontend.stream_wait)
+    intake: float = 0.0  # the API server's serial work per request (Frontend.per_request) ...
+    intake_token: float = 0.0  # ... and per prompt token (Frontend.per_prompt_token)
+    graph_max: int = 0  # a step of more tokens runs without CUDA graphs (CudaGraph.max_tokens; 0: no limit)
+    eager_floor: float = 0.0  # such a step lasts max(linear, eager_floor) + eager_extra + eager_token x tokens
+    eager_extra: float = 0.0
+    eager_token: float = 0.0
 
     @classmethod
     def of(cls, profile: Profile, time_scale: float = 1.0) -> WorkerProfile:
-        st, k, fe = profile.step_time, time_scale, profile.frontend
+        """``ttft_overhead`` includes the fit's ``sim_http`` (the HTTP share of the measured constant that a sim
+        adds back at run time, :attr:`Profile.sim_http_s`): a client of either measures both."""
+        st, k, fe, cg = profile.step_time, time_scale, profile.frontend, profile.cudagraph
         stream = fe is not None and fe.stream_token > 0 and fe.stream_wait > 0
         return cls(
             profile.name, k, st.base * k, st.prefill_tokens * k, st.decode_seqs * k,
-            st.decode_context_tokens * k, st.prefill_attn_mtok2 * k, profile.ttft_overhead_s * k,
+            st.decode_context_tokens * k, st.prefill_attn_mtok2 * k, (profile.ttft_overhead_s + profile.sim_http_s) * k,
             profile.max_num_seqs, profile.max_num_batched_tokens, profile.quality,
             1.5 if profile.async_scheduling else 0.5,
             fe.stream_token * k if fe is not None and stream else 0.0,
             fe.stream_wait * k if fe is not None and stream else 0.0,
+            fe.per_request * k if fe is not None else 0.0,
+            fe.per_prompt_token * k if fe is not None else 0.0,
+            cg.max_tokens if cg is not None else 0,
+            cg.eager_floor_s * k if cg is not None else 0.0,
+            cg.eager_extra_s * k if cg is not None else 0.0,
+            cg.eager_per_token_s * k if cg is not None else 0.0,
         )  # fmt: skip
+
+    def step(self, linear: float, tokens: float) -> float:
+        """A step of ``tokens`` tokens whose linear model says ``linear`` seconds (the sim's engine)."""
+        if self.graph_max and tokens > self.graph_max:
+            floor = self.eager_floor
+            return (linear if linear > floor else floor) + self.eager_extra + self.eager_token * tokens
+        return linear
 
 
 @lru_cache(maxsize=64)
@@ -97,15 +120,18 @@ def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cach
     n_wait = n - n_run
     per_req = view.inflight_tokens / view.inflight_requests if view.inflight_requests else float(prompt_tokens)
     ctx = 0.5 * per_req  # a running request is, on average, half way through its reservation
-    decode_step = wp.base + wp.decode_seqs * n_run + wp.decode_ctx * n_run * ctx
+    decode_lin = wp.base + wp.decode_seqs * n_run + wp.decode_ctx * n_run * ctx
     own = prompt_tokens * (1.0 - cached)
     # the prompts ahead: requests queued above max_num_seqs, and this gateway's streamed prompts still without a
     # first token; a queued streamed request is in both, so the larger of the two, not their sum
     ahead = max(n_wait * 0.5 * per_req, view.pending_prefill_tokens)
     steps = math.ceil((own + ahead) / max(1, wp.max_num_batched_tokens - n_run)) or 1
     attn = wp.attn * own * (prompt_tokens - own + own / 2) / 1e6
-    ttft = wp.ttft_overhead + steps * decode_step + wp.prefill * (own + ahead) + attn
+    prefill = steps * decode_lin + wp.prefill * (own + ahead) + attn  # the prefill steps, linear model
+    ttft = wp.ttft_overhead + wp.intake + wp.intake_token * prompt_tokens
+    ttft += wp.step(prefill / steps, n_run + (own + ahead) / steps) * steps if wp.graph_max else prefill
     if n_run:  # a busy engine: the step in progress (and, async, the one planned), the API server's streaming
+        decode_step = wp.step(decode_lin, n_run)
         ttft += wp.busy_wait_steps * decode_step
         if wp.stream_wait:
             rho = wp.stream_token * n_run / decode_step  # its share of the event loop: n_run tokens a step
@@ -114,7 +140,7 @@ def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cach
     kv = view.kv_usage or 0.0
     if kv > KV_PRESSURE_FROM:
         ttft *= 1.0 + 10.0 * (kv - KV_PRESSURE_FROM)
-    tpot = wp.base + wp.decode_seqs * (n_run + 1) + wp.decode_ctx * (n_run + 1) * ctx
+    tpot = wp.step(wp.base + wp.decode_seqs * (n_run + 1) + wp.decode_ctx * (n_run + 1) * ctx, n_run + 1)
     return ttft, tpot
 
 
