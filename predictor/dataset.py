@@ -9,6 +9,7 @@ prefix share) and the outcome (TTFT, TPOT, e2e, completion tokens). Feedback lin
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,22 +23,27 @@ from router.types import BackendView, RequestFeatures
 
 
 def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """(request records, request id -> last feedback score) of a JSON-lines log; bad lines skipped."""
+    """(request records, request id -> last feedback score) of a JSON-lines log (gzipped when its name ends in
+    ``.gz``, as a rotated log is); bad lines skipped. Raises OSError for a file it cannot read."""
     records: list[dict[str, Any]] = []
     feedback: dict[str, float] = {}
-    with Path(path).open(encoding="utf-8") as f:
-        for line in f:
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(obj, dict):
-                continue
-            if obj.get("type") == "feedback":
-                if isinstance(obj.get("request_id"), str) and isinstance(obj.get("score"), int | float):
-                    feedback[obj["request_id"]] = float(obj["score"])
-            elif obj.get("request_id") and obj.get("endpoint"):
-                records.append(obj)
+    path = Path(path)
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8") as f:
+            for line in f:
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(obj, dict):
+                    continue
+                if obj.get("type") == "feedback":
+                    if isinstance(obj.get("request_id"), str) and isinstance(obj.get("score"), int | float):
+                        feedback[obj["request_id"]] = float(obj["score"])
+                elif obj.get("request_id") and obj.get("endpoint"):
+                    records.append(obj)
+    except (EOFError, UnicodeDecodeError) as exc:  # a truncated gzip stream; a binary file
+        raise OSError(0, f"{type(exc).__name__}: {exc}", str(path)) from exc
     return records, feedback
 
 

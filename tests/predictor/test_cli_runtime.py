@@ -63,3 +63,25 @@ async def test_runtime_refits_in_the_background_and_saves(tmp_path: Path) -> Non
     loaded, header = artifact.load(tmp_path / "live.pkl")
     assert isinstance(loaded, Predictor) and header["meta"]["samples"] == 150
     await rt.close()
+
+
+def test_a_gzipped_log_reads_as_the_plain_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rotated request logs are often gzipped: ``.gz`` is read as such; a broken one is a clear error."""
+    import gzip
+
+    plain = write_log(tmp_path / "l.jsonl", 60)
+    packed = tmp_path / "l.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    reports = []
+    for log in (plain, packed):
+        assert main(["predictor", "eval", "--log", str(log), "--model", "prior", "--json"]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    assert reports[0] == reports[1] and reports[0]["samples"] == 60
+    broken = tmp_path / "b.jsonl.gz"
+    broken.write_bytes(packed.read_bytes()[:-40])  # truncated
+    notgz = tmp_path / "n.jsonl.gz"
+    notgz.write_bytes(plain.read_bytes())
+    for bad in (broken, notgz):
+        assert main(["predictor", "eval", "--log", str(bad), "--model", "prior"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("chimera: error:") and bad.name in err and "Traceback" not in err
