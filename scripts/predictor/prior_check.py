@@ -13,12 +13,15 @@ versions can score the same logs (``PYTHONPATH=<checkout>``, run from outside ei
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from scipy.stats import spearmanr
 
-from predictor.dataset import read_logs
+from predictor.dataset import samples
 from predictor.prior import prior_latency, worker_load
 
 Row = tuple[str, int, float, float]  # model, load at dispatch, predicted TTFT, measured TTFT
@@ -29,9 +32,19 @@ GROUPS: tuple[tuple[str, Callable[[Row], bool]], ...] = (
 )
 
 
+def records(paths: list[str]) -> list[dict[str, Any]]:
+    """The request lines of the logs, in time order (read here, not by ``predictor.dataset.read_logs``, whose
+    older versions do not read gzip)."""
+    out = []
+    for path in paths:
+        with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+            out += [r for r in map(json.loads, f) if isinstance(r, dict) and r.get("request_id") and r.get("endpoint")]
+    return sorted(out, key=lambda r: r.get("ts") or 0.0)
+
+
 def rows(paths: list[str]) -> list[Row]:
     out = []
-    for s in read_logs(paths):
+    for s in samples(records(paths)):
         if s.ttft_s:
             cached = s.features.prefix_hits.get(s.view.name, 0.0)
             ttft = prior_latency(s.profile, s.view, s.features.prompt_tokens, cached)[0]

@@ -190,7 +190,7 @@ def test_mismatched_versions_and_schema_are_refused(fitted: Predictor, tmp_path:
     with pytest.raises(artifact.ArtifactError, match="schema 999"):
         artifact.load(path)
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 4}, fitted)
-    with pytest.raises(artifact.ArtifactError, match=r"schema 4 .*lacks the quality model's per-model term weights"):
+    with pytest.raises(artifact.ArtifactError, match=r"schema 4 .*lacks the prior's eager .*, the quality model's"):
         artifact.load(path)
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 3}, fitted)
     with pytest.raises(artifact.ArtifactError, match=r"schema 3 .*prefill backlog, the latency p90s' calibration per"):
