@@ -115,23 +115,35 @@ def worker_load(view: BackendView) -> int:
 def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cached: float) -> tuple[float, float]:
     """(TTFT p50, TPOT p50) in seconds of a request of ``prompt_tokens`` (``cached`` share already in
     the worker's prefix cache) sent to a worker in the state ``view``."""
-    n = max((view.running or 0) + (view.waiting or 0), view.inflight_requests)  # worker_load, inline (hot path)
-    n_run = min(n, wp.max_num_seqs)
-    n_wait = n - n_run
-    per_req = view.inflight_tokens / view.inflight_requests if view.inflight_requests else float(prompt_tokens)
+    # the hot path (once per candidate worker and decision): plain locals and conditionals, no helper calls
+    n = (view.running or 0) + (view.waiting or 0)  # worker_load, inline
+    inflight = view.inflight_requests
+    if inflight > n:
+        n = inflight
+    n_run = n if n < wp.max_num_seqs else wp.max_num_seqs
+    per_req = view.inflight_tokens / inflight if inflight else float(prompt_tokens)
     ctx = 0.5 * per_req  # a running request is, on average, half way through its reservation
-    decode_lin = wp.base + wp.decode_seqs * n_run + wp.decode_ctx * n_run * ctx
+    per_seq = wp.decode_seqs + wp.decode_ctx * ctx
+    decode_lin = wp.base + per_seq * n_run
     own = prompt_tokens * (1.0 - cached)
     # the prompts ahead: requests queued above max_num_seqs, and this gateway's streamed prompts still without a
     # first token; a queued streamed request is in both, so the larger of the two, not their sum
-    ahead = max(n_wait * 0.5 * per_req, view.pending_prefill_tokens)
-    steps = math.ceil((own + ahead) / max(1, wp.max_num_batched_tokens - n_run)) or 1
+    ahead = (n - n_run) * 0.5 * per_req
+    if view.pending_prefill_tokens > ahead:
+        ahead = view.pending_prefill_tokens
+    budget = wp.max_num_batched_tokens - n_run
+    steps = math.ceil((own + ahead) / (budget if budget > 1 else 1)) or 1
     attn = wp.attn * own * (prompt_tokens - own + own / 2) / 1e6
     prefill = steps * decode_lin + wp.prefill * (own + ahead) + attn  # the prefill steps, linear model
     ttft = wp.ttft_overhead + wp.intake + wp.intake_token * prompt_tokens
-    ttft += wp.step(prefill / steps, n_run + (own + ahead) / steps) * steps if wp.graph_max else prefill
+    graph_max, tokens = wp.graph_max, n_run + (own + ahead) / steps
+    if graph_max and tokens > graph_max:  # eager prefill steps (WorkerProfile.step, inline)
+        lin, floor = prefill / steps, wp.eager_floor
+        ttft += ((lin if lin > floor else floor) + wp.eager_extra + wp.eager_token * tokens) * steps
+    else:
+        ttft += prefill
     if n_run:  # a busy engine: the step in progress (and, async, the one planned), the API server's streaming
-        decode_step = wp.step(decode_lin, n_run)
+        decode_step = wp.step(decode_lin, n_run) if graph_max and n_run > graph_max else decode_lin
         ttft += wp.busy_wait_steps * decode_step
         if wp.stream_wait:
             rho = wp.stream_token * n_run / decode_step  # its share of the event loop: n_run tokens a step
@@ -140,7 +152,9 @@ def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cach
     kv = view.kv_usage or 0.0
     if kv > KV_PRESSURE_FROM:
         ttft *= 1.0 + 10.0 * (kv - KV_PRESSURE_FROM)
-    tpot = wp.step(wp.base + wp.decode_seqs * (n_run + 1) + wp.decode_ctx * (n_run + 1) * ctx, n_run + 1)
+    tpot = decode_lin + per_seq
+    if graph_max and n_run + 1 > graph_max:
+        tpot = wp.step(tpot, n_run + 1)
     return ttft, tpot
 
 
