@@ -11,7 +11,9 @@ the injected request's, so the deltas of these histograms' sums are that one req
 * ``prefill``: ``vllm:request_prefill_time_seconds``, from being scheduled to its first token (the prefill step);
 * ``engine_ttft``: ``vllm:time_to_first_token_seconds``, from the API server's arrival stamp to the first token
   handled by its output processor;
-* ``client_ttft``: from sending the request to the first chunk, here.
+* ``client_ttft``: from sending the request to the first chunk, here;
+* ``gen_tok_s``: ``vllm:generation_tokens_total``'s growth over the sample's window, per (modelled) second — the
+  decoders' own token rate on the probed boot, what loads the API server's streaming work.
 
 So ``client - engine_ttft`` is the front end's intake and the answer's way out, and
 ``engine_ttft - queue - prefill`` the hand-over between the API server and the engine core, both ways. A sample
@@ -41,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from probe_client import make_prompt, run_specs  # next to this file
 from probe_stats import parse_metrics  # next to this file
 
+GENERATED = "vllm:generation_tokens_total"
 PARTS = {
     "engine_ttft": "vllm:time_to_first_token_seconds",
     "queue": "vllm:request_queue_time_seconds",
@@ -73,12 +76,16 @@ def inject(c: httpx.Client, url: str, model: str, prompt: int, seed: int) -> flo
 
 def sample(c: httpx.Client, url: str, model: str, prompt: int, seed: int, scale: float = 1.0) -> dict | None:
     """One injected request's timings (s, times ``scale``: a sim's speedup gives modelled time); None if unusable."""
-    m0 = scrape(c, url)
+    m0, t0 = scrape(c, url), time.perf_counter()
     client = inject(c, url, model, prompt, seed)
-    m1 = scrape(c, url)
+    m1, t1 = scrape(c, url), time.perf_counter()
     if client is None:
         return None
     out: dict = {"client_ttft": client * scale}
+    # the tokens the worker generated meanwhile (the decoders' and this request's one), per modelled second: the rate
+    # that loads the API server's streaming work (docs/CALIBRATION.md), measured on the probed boot itself
+    gen = m1.get(GENERATED, 0.0) - m0.get(GENERATED, 0.0)
+    out["gen_tok_s"] = gen / ((t1 - t0) * scale) if t1 > t0 else 0.0
     for key, name in PARTS.items():
         n = m1.get(name + "_count", 0.0) - m0.get(name + "_count", 0.0)
         if name + "_count" not in m1:
@@ -93,6 +100,8 @@ def sample(c: httpx.Client, url: str, model: str, prompt: int, seed: int, scale:
 def summarize(samples: list[dict]) -> dict:
     keys = ["client_ttft", *[k for k in PARTS if all(k in s for s in samples)]]
     med = {k: statistics.median(s[k] for s in samples) * 1e3 for k in keys}
+    if all("gen_tok_s" in s for s in samples):
+        med["gen_tok_s"] = statistics.median(s["gen_tok_s"] for s in samples)  # tokens per second, not ms
     if "engine_ttft" in med:
         med["front_end"] = statistics.median((s["client_ttft"] - s["engine_ttft"]) * 1e3 for s in samples)
         if "queue" in med and "prefill" in med:
