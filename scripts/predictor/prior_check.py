@@ -38,7 +38,13 @@ def records(paths: list[str]) -> list[dict[str, Any]]:
     out = []
     for path in paths:
         with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
-            out += [r for r in map(json.loads, f) if isinstance(r, dict) and r.get("request_id") and r.get("endpoint")]
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue  # a torn last line, as the dataset reader skips it
+                if isinstance(r, dict) and r.get("request_id") and r.get("endpoint"):
+                    out.append(r)
     return sorted(out, key=lambda r: r.get("ts") or 0.0)
 
 
