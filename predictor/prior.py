@@ -20,7 +20,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-from backends.sim.profile import STREAM_RHO_MAX, Profile, ProfileError, available_profiles, load_profile
+from backends.sim.profile import (
+    CudaGraph,
+    Frontend,
+    Profile,
+    ProfileError,
+    available_profiles,
+    eager_step,
+    load_profile,
+    stream_delay,
+)
 from router.config import Config
 from router.types import BackendView
 
@@ -55,7 +64,7 @@ class WorkerProfile:
     intake: float = 0.0  # the API server's serial work per request (Frontend.per_request) ...
     intake_token: float = 0.0  # ... and per prompt token (Frontend.per_prompt_token)
     graph_max: int = 0  # a step of more tokens runs without CUDA graphs (CudaGraph.max_tokens; 0: no limit)
-    eager_floor: float = 0.0  # such a step lasts max(linear, eager_floor) + eager_extra + eager_token x tokens
+    eager_floor: float = 0.0  # such a step: max(linear, eager_floor) + eager_extra + eager_token x tokens (eager_step)
     eager_extra: float = 0.0
     eager_token: float = 0.0
 
@@ -63,29 +72,18 @@ class WorkerProfile:
     def of(cls, profile: Profile, time_scale: float = 1.0) -> WorkerProfile:
         """``ttft_overhead`` includes the fit's ``sim_http`` (the HTTP share of the measured constant that a sim
         adds back at run time, :attr:`Profile.sim_http_s`): a client of either measures both."""
-        st, k, fe, cg = profile.step_time, time_scale, profile.frontend, profile.cudagraph
-        stream = fe is not None and fe.stream_token > 0 and fe.stream_wait > 0
+        st, k = profile.step_time, time_scale
+        fe, cg = profile.frontend or Frontend(), profile.cudagraph or CudaGraph(max_tokens=0)
+        stream = fe.stream_token > 0 and fe.stream_wait > 0
         return cls(
             profile.name, k, st.base * k, st.prefill_tokens * k, st.decode_seqs * k,
             st.decode_context_tokens * k, st.prefill_attn_mtok2 * k, (profile.ttft_overhead_s + profile.sim_http_s) * k,
             profile.max_num_seqs, profile.max_num_batched_tokens, profile.quality,
             1.5 if profile.async_scheduling else 0.5,
-            fe.stream_token * k if fe is not None and stream else 0.0,
-            fe.stream_wait * k if fe is not None and stream else 0.0,
-            fe.per_request * k if fe is not None else 0.0,
-            fe.per_prompt_token * k if fe is not None else 0.0,
-            cg.max_tokens if cg is not None else 0,
-            cg.eager_floor_s * k if cg is not None else 0.0,
-            cg.eager_extra_s * k if cg is not None else 0.0,
-            cg.eager_per_token_s * k if cg is not None else 0.0,
+            fe.stream_token * k if stream else 0.0, fe.stream_wait * k if stream else 0.0,
+            fe.per_request * k, fe.per_prompt_token * k,
+            cg.max_tokens, cg.eager_floor_s * k, cg.eager_extra_s * k, cg.eager_per_token_s * k,
         )  # fmt: skip
-
-    def step(self, linear: float, tokens: float) -> float:
-        """A step of ``tokens`` tokens whose linear model says ``linear`` seconds (the sim's engine)."""
-        if self.graph_max and tokens > self.graph_max:
-            floor = self.eager_floor
-            return (linear if linear > floor else floor) + self.eager_extra + self.eager_token * tokens
-        return linear
 
 
 @lru_cache(maxsize=64)
@@ -115,7 +113,7 @@ def worker_load(view: BackendView) -> int:
 def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cached: float) -> tuple[float, float]:
     """(TTFT p50, TPOT p50) in seconds of a request of ``prompt_tokens`` (``cached`` share already in
     the worker's prefix cache) sent to a worker in the state ``view``."""
-    # the hot path (once per candidate worker and decision): plain locals and conditionals, no helper calls
+    # the hot path (once per candidate worker and decision): plain locals and conditionals
     n = (view.running or 0) + (view.waiting or 0)  # worker_load, inline
     inflight = view.inflight_requests
     if inflight > n:
@@ -136,25 +134,17 @@ def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cach
     attn = wp.attn * own * (prompt_tokens - own + own / 2) / 1e6
     prefill = steps * decode_lin + wp.prefill * (own + ahead) + attn  # the prefill steps, linear model
     ttft = wp.ttft_overhead + wp.intake + wp.intake_token * prompt_tokens
-    graph_max, tokens = wp.graph_max, n_run + (own + ahead) / steps
-    if graph_max and tokens > graph_max:  # eager prefill steps (WorkerProfile.step, inline)
-        lin, floor = prefill / steps, wp.eager_floor
-        ttft += ((lin if lin > floor else floor) + wp.eager_extra + wp.eager_token * tokens) * steps
-    else:
-        ttft += prefill
+    g, floor, extra, per_token = wp.graph_max, wp.eager_floor, wp.eager_extra, wp.eager_token
+    ttft += eager_step(prefill / steps, n_run + (own + ahead) / steps, g, floor, extra, per_token) * steps
     if n_run:  # a busy engine: the step in progress (and, async, the one planned), the API server's streaming
-        decode_step = wp.step(decode_lin, n_run) if graph_max and n_run > graph_max else decode_lin
+        decode_step = eager_step(decode_lin, n_run, g, floor, extra, per_token)
         ttft += wp.busy_wait_steps * decode_step
-        if wp.stream_wait:
-            rho = wp.stream_token * n_run / decode_step  # its share of the event loop: n_run tokens a step
-            rho = rho if rho < STREAM_RHO_MAX else STREAM_RHO_MAX
-            ttft += wp.stream_wait * rho / (1.0 - rho)
+        if wp.stream_wait:  # its share of the event loop: n_run tokens a step
+            ttft += stream_delay(wp.stream_wait, wp.stream_token * n_run / decode_step)
     kv = view.kv_usage or 0.0
     if kv > KV_PRESSURE_FROM:
         ttft *= 1.0 + 10.0 * (kv - KV_PRESSURE_FROM)
-    tpot = decode_lin + per_seq
-    if graph_max and n_run + 1 > graph_max:
-        tpot = wp.step(tpot, n_run + 1)
+    tpot = eager_step(decode_lin + per_seq, n_run + 1, g, floor, extra, per_token)
     return ttft, tpot
 
 

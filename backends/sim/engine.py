@@ -22,7 +22,7 @@ from enum import Enum
 
 from backends.sim.kvcache import KVCache
 from backends.sim.metrics import ITL_BUCKETS, LAG_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS, Hist
-from backends.sim.profile import STREAM_RHO_MAX, Profile, ProfileError
+from backends.sim.profile import Profile, ProfileError, eager_step, stream_delay
 from backends.sim.textgen import MARKER_INDEX, VOCAB_IDS, Answer, word_index
 
 
@@ -238,9 +238,7 @@ class Engine:
             t = (free if free > now else now) + self._fe_request + self._fe_token * prompt_len
             self._fe_free = t
         if self._fe_stream_wait and self.running:
-            rho = self._stream_rate * self._fe_stream_token
-            rho = rho if rho < STREAM_RHO_MAX else STREAM_RHO_MAX
-            t += self._fe_stream_wait * rho / (1.0 - rho)
+            t += stream_delay(self._fe_stream_wait, self._stream_rate * self._fe_stream_token)
         if self._jitter > 0:
             return t + self._ttft_overhead + (self._jitter_rng.random() - 0.5) * self._jitter  # >= 0: see __init__
         return t + self._ttft_overhead
@@ -355,8 +353,8 @@ class Engine:
             batch.gpu = seconds * self._gpu_share / self.speedup
             eager = bool(self._graph_max) and tokens > self._graph_max
             if eager:
-                floor = self._eager_floor
-                seconds = (seconds if seconds > floor else floor) + self._eager_extra + self._eager_per_token * tokens
+                seconds = eager_step(seconds, tokens, self._graph_max, self._eager_floor, self._eager_extra,
+                                     self._eager_per_token)  # fmt: skip
             if self._sampling is not None:
                 seconds = self._with_sampling(seconds, reqs, eager)
             batch.duration = seconds / self.speedup

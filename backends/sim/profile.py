@@ -81,6 +81,22 @@ class Frontend:
 STREAM_RHO_MAX = 0.7
 
 
+def stream_delay(stream_wait: float, rho: float) -> float:
+    """How much longer a request takes through the API server that spends ``rho`` of its time streaming tokens
+    (``Frontend``): ``stream_wait * rho / (1 - rho)``, ``rho`` capped at :data:`STREAM_RHO_MAX`."""
+    rho = rho if rho < STREAM_RHO_MAX else STREAM_RHO_MAX
+    return stream_wait * rho / (1.0 - rho)
+
+
+def eager_step(linear: float, tokens: float, graph_max: int, floor: float, extra: float, per_token: float) -> float:
+    """A step of ``tokens`` tokens whose linear model says ``linear`` seconds: itself within vLLM's CUDA graphs
+    (``tokens <= graph_max``, or no limit: 0), else the eager step's ``max(linear, floor) + extra + per_token *
+    tokens`` (``CudaGraph``)."""
+    if graph_max and tokens > graph_max:
+        return (linear if linear > floor else floor) + extra + per_token * tokens
+    return linear
+
+
 @dataclass(frozen=True)
 class Sampling:
     """CPU work of vLLM's sampler beyond a greedy argmax, per step (``sampling_s`` in the JSON).

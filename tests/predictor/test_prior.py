@@ -102,14 +102,21 @@ def test_a_busy_engine_adds_the_step_in_progress_and_the_api_servers_streaming()
     worker a request waits the rest of the step in progress and the step already planned (1.5 steps), and
     ``stream_wait * rho / (1 - rho)`` for the tokens the running requests stream (rho capped as the sim caps
     it); an idle worker waits for neither. The whole TTFT scales with the time scale (rho does not)."""
-    from backends.sim.profile import STREAM_RHO_MAX
+    from backends.sim.profile import STREAM_RHO_MAX, eager_step
 
     wp = profile_for("h200-qwen2.5-0.5b")
     assert wp.busy_wait_steps == 1.5 and wp.stream_token > 0 and wp.stream_wait > 0
     plain = replace(wp, busy_wait_steps=0.0, stream_token=0.0, stream_wait=0.0)
     assert prior_latency(wp, view(0), 500, 0.0) == prior_latency(plain, view(0), 500, 0.0)
     for n, capped in ((8, False), (wp.max_num_seqs, True)):
-        step = wp.step(wp.base + wp.decode_seqs * n + wp.decode_ctx * n * 400, n)  # view(): 800 tokens a request
+        step = eager_step(
+            wp.base + wp.decode_seqs * n + wp.decode_ctx * n * 400,
+            n,
+            wp.graph_max,
+            wp.eager_floor,
+            wp.eager_extra,
+            wp.eager_token,
+        )  # view(): 800 tokens a request, half done
         rho = wp.stream_token * n / step
         assert (rho >= STREAM_RHO_MAX) is capped
         rho = min(rho, STREAM_RHO_MAX)
