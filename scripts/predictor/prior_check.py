@@ -7,21 +7,19 @@ measured TTFT) this recomputes ``predictor.prior.prior_latency`` and prints, per
 idle (load 0) or busy: the measured and predicted TTFT p50, the median measured / predicted ratio, the
 p50 MAPE, the MAPE after scaling by that ratio (what the policy's per-worker latency feedback can take
 out, ``ttft_bias``) and Spearman's rank correlation. Uses only what every prior version has, so two code
-versions can score the same logs (``PYTHONPATH=<checkout>``, run from outside either checkout).
+versions can score the same logs (``PYTHONPATH=<checkout>``, run from outside either checkout; a checkout older
+than gzip support in ``predictor.dataset`` needs the logs decompressed, ``zcat``).
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 from scipy.stats import spearmanr
 
-from predictor.dataset import samples
+from predictor.dataset import read_logs
 from predictor.prior import prior_latency, worker_load
 
 Row = tuple[str, int, float, float]  # model, load at dispatch, predicted TTFT, measured TTFT
@@ -32,25 +30,9 @@ GROUPS: tuple[tuple[str, Callable[[Row], bool]], ...] = (
 )
 
 
-def records(paths: list[str]) -> list[dict[str, Any]]:
-    """The request lines of the logs, in time order (read here, not by ``predictor.dataset.read_logs``, whose
-    older versions do not read gzip)."""
-    out = []
-    for path in paths:
-        with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue  # a torn last line, as the dataset reader skips it
-                if isinstance(r, dict) and r.get("request_id") and r.get("endpoint"):
-                    out.append(r)
-    return sorted(out, key=lambda r: r.get("ts") or 0.0)
-
-
 def rows(paths: list[str]) -> list[Row]:
     out = []
-    for s in samples(records(paths)):
+    for s in read_logs(paths):
         if s.ttft_s:
             cached = s.features.prefix_hits.get(s.view.name, 0.0)
             ttft = prior_latency(s.profile, s.view, s.features.prompt_tokens, cached)[0]
