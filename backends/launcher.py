@@ -138,6 +138,8 @@ def plan_workers(cfg: Config, *, python: str = sys.executable, log_dir: str | Pa
         # budget: workers sharing a GPU each ask for their share unless extra_args says otherwise.
         if per_gpu[spec.gpu] > 1 and not any(a.startswith("--gpu-memory-utilization") for a in spec.extra_args):
             argv += ["--gpu-memory-utilization", f"{int(90 / per_gpu[spec.gpu]) / 100:.2f}"]
+        if b.scheduling_policy != "fcfs" and not any(a.startswith("--scheduling-policy") for a in spec.extra_args):
+            argv += ["--scheduling-policy", b.scheduling_policy]
         argv += spec.extra_args
         device = visible[spec.gpu] if spec.gpu < len(visible) else str(spec.gpu)
         plans.append(WorkerPlan(

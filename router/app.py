@@ -42,6 +42,7 @@ from router.gateway import STATE_KEY, Gateway
 from router.metrics import Metrics
 from router.middleware import RequestContextMiddleware
 from router.policies import get_policy
+from router.priority import make_priority
 from router.requestlog import RequestLog
 from router.state import create_state
 from router.state.base import FleetState
@@ -100,6 +101,8 @@ def create_app(
             if config.gateway.admission is not None:
                 gateway.admission = AdmissionController(config, fleet, chosen, gateway.metrics)
                 stack.push_async_callback(gateway.admission.close)
+            if any(b.scheduling_policy == "priority" for b in config.backends):
+                gateway.engine_priority = make_priority(config.gateway.engine_priority)
             stack.enter_context(serving_gc())
             yield {STATE_KEY: gateway}
 

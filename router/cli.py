@@ -48,6 +48,8 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--max-num-seqs", type=int)
     m.add_argument("--max-num-batched-tokens", type=int)
+    m.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                   help="as vLLM's: the waiting queue in arrival order, or by each request's priority")  # fmt: skip
     m.add_argument(
         "--also", action="append", default=[], metavar="port=P,profile=X[,model=M,kv_tokens=K,seed=S,host=H,...]",
         help="another worker on the same GPU, served by this process on one shared GPU clock (repeatable)",
@@ -129,6 +131,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             seed=args.seed,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            scheduling_policy=args.scheduling_policy,
         )
         also = [_sim_also(spec, settings, args.host) for spec in args.also]
         serve(settings, host=args.host, port=args.port, also=also)
@@ -138,7 +141,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
 
 _ALSO_INTS = ("port", "kv_tokens", "seed", "max_num_seqs", "max_num_batched_tokens")
-_ALSO_KEYS = ("host", "model", "profile", *_ALSO_INTS)
+_ALSO_KEYS = ("host", "model", "profile", "scheduling_policy", *_ALSO_INTS)
 
 
 def _sim_also(spec: str, first: SimSettings, host: str) -> tuple[SimSettings, str, int]:

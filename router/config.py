@@ -69,6 +69,9 @@ class BackendConfig(_Frozen):
     sim: SimSpec | None = None
     launch: LaunchSpec | None = None
     profile: str | None = None  # hardware profile (h200-* name or JSON path) for the predictor's prior
+    # what the worker runs (vLLM's --scheduling-policy); under "priority" the gateway sends each request's
+    # priority in its body (router.priority), and `chimera serve` / `chimera workers up` start it that way
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
 
     @field_validator("url")
     @classmethod
@@ -183,6 +186,16 @@ class AdmissionConfig(_Frozen):
     predicted_deadline: bool = True  # also unservable when the policy predicts a missed SLA
 
 
+class EnginePriorityConfig(_Frozen):
+    """The ``priority`` sent to workers with ``scheduling_policy: priority`` (``gateway.engine_priority``;
+    see router/priority.py)."""
+
+    aging_s: PosFloat = 5.0  # a request sent this much later counts one priority level less urgent
+    # with the predictive policy: one level more per this many predicted output tokens left in the request's
+    # workflow (shortest-remaining-workflow first, as Chimera's scheduler); absent: agent priority and age only
+    tokens_per_level: PosFloat | None = None
+
+
 class GatewayConfig(_Frozen):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
@@ -197,6 +210,7 @@ class GatewayConfig(_Frozen):
     health: HealthConfig = HealthConfig()
     predictor: PredictorConfig | None = None
     admission: AdmissionConfig | None = None  # overload: admission, queues, degradation
+    engine_priority: EnginePriorityConfig = EnginePriorityConfig()
     admin_key: str | None = None  # when set, /fleet and /metrics need `Authorization: Bearer <admin_key>`
 
     @field_validator("admin_key")

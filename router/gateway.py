@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -41,6 +42,8 @@ class Gateway:
     agents: AgentResolver
     predictor: PredictorRuntime | None = None  # sketches, prefix index, online refits (when configured)
     admission: AdmissionController | None = None  # overload handling (when gateway.admission is configured)
+    # the body's `priority` for workers that schedule by it (router.priority; when a backend does)
+    engine_priority: Callable[..., int] | None = None
     _seq: itertools.count[int] = field(default_factory=itertools.count)
 
     def next_seq(self) -> int:

@@ -76,9 +76,12 @@ class ProxyCall:
         self.payload, self.body = payload, json.dumps(payload, separators=(",", ":")).encode()
         self._bodies.clear()
 
-    def body_for(self, model: str) -> bytes:
+    def body_for(self, model: str, priority: int | None = None) -> bytes:
         """The body for a worker serving ``model``: the original bytes where the caller named that
-        model; with ``model`` put in where it named ``auto`` or its agent (every other field kept)."""
+        model; with ``model`` put in where it named ``auto`` or its agent (every other field kept), and
+        ``priority`` where one is given (a worker that schedules by priority: ``router.priority``)."""
+        if priority is not None:
+            return json.dumps({**self.payload, "model": model, "priority": priority}, separators=(",", ":")).encode()
         if self.payload.get("model") == model:
             return self.body
         if model not in self._bodies:
@@ -157,8 +160,12 @@ class ProxyResponse:
         reservation = await gw.state.reserve(name, reserved, prefill)
         try:
             call.sent_at = time.perf_counter()
+            priority = None
+            by_priority = backend.scheduling_policy == "priority" and "priority" not in call.payload
+            if by_priority and gw.engine_priority is not None:
+                priority = gw.engine_priority(call.features, rec.predicted)
             opened = await gw.workers.open(
-                backend, call.path, call.body_for(backend.model), headers, stream=call.features.stream
+                backend, call.path, call.body_for(backend.model, priority), headers, stream=call.features.stream
             )
             try:
                 rec.backend, rec.model = name, backend.model

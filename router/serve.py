@@ -46,6 +46,8 @@ def sim_command(backend: BackendConfig, *colocated: BackendConfig) -> list[str]:
         cmd += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.max_num_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
+    if backend.scheduling_policy != "fcfs":
+        cmd += ["--scheduling-policy", backend.scheduling_policy]
     for b in colocated:
         s = b.sim
         assert s is not None
@@ -58,6 +60,8 @@ def sim_command(backend: BackendConfig, *colocated: BackendConfig) -> list[str]:
             also += f",max_num_seqs={s.max_num_seqs}"
         if s.max_num_batched_tokens:
             also += f",max_num_batched_tokens={s.max_num_batched_tokens}"
+        if b.scheduling_policy != "fcfs":
+            also += f",scheduling_policy={b.scheduling_policy}"
         cmd += ["--also", also]
     return cmd
 

@@ -5,8 +5,10 @@ requests in order (a decoding request takes one token of the step's budget, a re
 through its prefill takes its next chunk) and, when one cannot get KV blocks, preempts the newest
 running request (recompute: its blocks are freed and it goes back to the front of the queue).
 Then, if nobody was preempted, waiting requests are admitted first-come first-served while the
-token budget and ``max_num_seqs`` allow, each reusing its longest cached prefix. A step lasts what
-the profile's linear model says for its features (plus the eager-mode cost when it schedules
+token budget and ``max_num_seqs`` allow, each reusing its longest cached prefix. Under vLLM's
+``--scheduling-policy priority`` (:mod:`backends.sim.waiting`) the queue is ordered by each request's
+``priority`` (lower first), then arrival, and the running request preempted is the one last in that
+order. A step lasts what the profile's linear model says for its features (plus the eager-mode cost when it schedules
 more tokens than vLLM captures CUDA graphs for), divided by ``speedup``; its tokens are released
 when it ends. In front of the queue sits the API server, a FIFO server that handles one request at
 a time. Time is an absolute schedule, so a late wake-up is caught up, and measured as lag.
@@ -24,6 +26,7 @@ from backends.sim.kvcache import KVCache
 from backends.sim.metrics import ITL_BUCKETS, LAG_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS, Hist
 from backends.sim.profile import Profile, ProfileError, eager_step, stream_delay
 from backends.sim.textgen import MARKER_INDEX, VOCAB_IDS, Answer, word_index
+from backends.sim.waiting import PriorityQueue, make_queue
 
 
 class Status(Enum):
@@ -54,6 +57,7 @@ class Request:
         "num_cached_blocks",
         "num_computed",
         "output",
+        "priority",
         "prompt_ids",
         "prompt_len",
         "queued_at",
@@ -74,8 +78,10 @@ class Request:
         ignore_eos: bool = False,
         arrival: float = 0.0,
         random: bool = False,
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
+        self.priority = priority  # the queue's order under the priority policy (lower first)
         self.random = random  # samples at random (temperature > 0), not by a greedy argmax
         self.min_tokens = min_tokens
         self.prompt_ids = prompt_ids
@@ -176,13 +182,16 @@ class Engine:
         max_num_batched_tokens: int,
         speedup: float = 1.0,
         seed: int = 0,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         self.profile = profile
         self.kv = KVCache(kv_tokens // profile.block_size, profile.block_size)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.speedup = speedup
-        self.waiting: deque[Request] = deque()
+        self.scheduling_policy = scheduling_policy
+        self.waiting: deque[Request] | PriorityQueue[Request] = make_queue(scheduling_policy)  # ValueError: unknown
+        self._by_priority = isinstance(self.waiting, PriorityQueue)
         self.running: list[Request] = []
         self.stats = EngineStats()
         self._wake = asyncio.Event()
@@ -283,7 +292,7 @@ class Engine:
         n_decode = ctx = prefill = 0
         attn = 0.0
         running = self.running
-        preempted = False
+        preempted = recount = False
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -291,11 +300,17 @@ class Engine:
             n = min(req.num_tokens - start, budget)
             if start + n > len(req.block_ids) * bs:
                 while not kv.allocate(req, start + n):
-                    victim = running.pop()
+                    victim = running.pop() if not self._by_priority else self._lowest(running)
                     self._preempt(victim)
                     preempted = True
                     if victim is req:
                         break
+                    if victim in reqs:  # scheduled earlier in this step (priority policy): take it back
+                        k = reqs.index(victim)
+                        del reqs[k]
+                        budget += news.pop(k)
+                        i -= 1
+                        recount = True
                 if req.status is not Status.RUNNING:
                     break
             reqs.append(req)
@@ -308,6 +323,8 @@ class Engine:
                 prefill += n
                 attn += n * (start + n / 2)
             i += 1
+        if recount:
+            n_decode, ctx, prefill, attn = _step_features(reqs, news)
         if not preempted:
             waiting = self.waiting
             seen_by = self._admit_by(now, bool(reqs))
@@ -316,15 +333,24 @@ class Engine:
             scheduled_at = seen_by if seen_by < now else now
             while waiting and budget > 0 and len(running) < self.max_num_seqs:
                 req = waiting[0]
-                if req.queued_at > seen_by:
-                    break  # arrived while the previous step ran: vLLM had already scheduled this one
+                head = req.queued_at <= seen_by
+                if not head:  # arrived while the previous step ran: vLLM had already scheduled this one
+                    if not self._by_priority:
+                        break  # and so did everyone behind it
+                    seen = next((r for r in waiting if r.queued_at <= seen_by), None)
+                    if seen is None:
+                        break
+                    req = seen
                 total = req.num_tokens
                 prefix = kv.find_prefix(req, total)
                 start = len(prefix) * bs
                 n = min(total - start, budget)
                 if not kv.allocate(req, start + n, prefix):
                     break
-                waiting.popleft()
+                if head:
+                    waiting.popleft()
+                else:
+                    waiting.remove(req)
                 st.prefix_queries += total
                 st.prefix_hits += start
                 req.num_computed = start
@@ -389,6 +415,13 @@ class Engine:
         if self._async and busy and end >= now - 1e-9:
             return start
         return float("inf")  # everyone queued (the schedule may run behind the loop's clock)
+
+    @staticmethod
+    def _lowest(running: list[Request]) -> Request:
+        """The priority policy's victim: the running request last in (priority, arrival) order."""
+        victim = max(running, key=lambda r: (r.priority, r.arrival))
+        running.remove(victim)
+        return victim
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
@@ -485,3 +518,19 @@ class Engine:
             st.lag.observe(lag)
             self.commit(batch, end)
             t = end
+
+
+def _step_features(reqs: list[Request], news: list[int]) -> tuple[int, int, int, float]:
+    """(decoding sequences, their context tokens, prefill tokens, prefill attention) of the running requests
+    scheduled so far, as the scheduler's loop counts them (recounted when a preemption took one back)."""
+    n_decode = ctx = prefill = 0
+    attn = 0.0
+    for req, n in zip(reqs, news, strict=True):
+        start = req.num_computed
+        if n == 1 and req.output and start == req.num_tokens - 1:
+            n_decode += 1
+            ctx += start + 1
+        else:
+            prefill += n
+            attn += n * (start + n / 2)
+    return n_decode, ctx, prefill, attn

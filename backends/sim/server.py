@@ -29,6 +29,7 @@ from backends.sim.gpu import SharedGPU
 from backends.sim.metrics import exposition, make_registry
 from backends.sim.profile import Profile, ProfileError, load_profile, positive_int
 from backends.sim.textgen import VOCAB, draw_answer
+from backends.sim.waiting import POLICIES
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -51,6 +52,7 @@ class SimSettings:
     seed: int = 0
     max_num_seqs: int | None = None  # override of the profile's
     max_num_batched_tokens: int | None = None
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: fcfs | priority
 
 
 def build_engine(settings: SimSettings) -> tuple[Profile, Engine]:
@@ -62,6 +64,9 @@ def build_engine(settings: SimSettings) -> tuple[Profile, Engine]:
         raise ProfileError(f"seed must be a non-negative integer, got {settings.seed!r}")
     if settings.model is not None and not settings.model:
         raise ProfileError("model must be a non-empty name")
+    if settings.scheduling_policy not in POLICIES:
+        choices = ", ".join(POLICIES)
+        raise ProfileError(f"scheduling_policy must be one of {choices}, got {settings.scheduling_policy!r}")
     kv_tokens = positive_int("kv_tokens", settings.kv_tokens) or profile.kv_budget_tokens
     if kv_tokens < profile.block_size:
         raise ProfileError(f"kv_tokens must hold at least one block of {profile.block_size} tokens")
@@ -73,6 +78,7 @@ def build_engine(settings: SimSettings) -> tuple[Profile, Engine]:
         or profile.max_num_batched_tokens,
         speedup=float(settings.speedup),
         seed=settings.seed,
+        scheduling_policy=settings.scheduling_policy,
     )
     return profile, engine
 
@@ -110,8 +116,9 @@ class SimApp:
                     raise ApiError(405, "Method Not Allowed")
                 body = await _read_body(receive)
                 req = api.parse_completion(
-                    body, path.endswith("chat/completions"), self.model, self.max_model_len, self.profile.tokenizer
-                )
+                    body, path.endswith("chat/completions"), self.model, self.max_model_len, self.profile.tokenizer,
+                    priority_scheduling=self.engine.scheduling_policy == "priority",
+                )  # fmt: skip
                 await self._complete(req, receive, send)
             elif method != "GET":
                 raise ApiError(405 if path in ("/health", "/v1/models", "/metrics") else 404, "Method Not Allowed")
@@ -153,6 +160,7 @@ class SimApp:
             c.ignore_eos,
             arrival=loop.time(),
             random=c.random_sampling,
+            priority=c.priority,
         )
         req.notify_each = c.stream
         watcher = asyncio.create_task(self._abort_on_disconnect(req, receive))

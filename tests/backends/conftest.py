@@ -67,7 +67,7 @@ def sim_profile(tmp_path: Path) -> Callable[..., str]:
 def make_engine() -> Callable[..., Engine]:
     """``make_engine(kv_budget_tokens=..., step_time_s={...}, speedup=1.0)`` → an idle Engine."""
 
-    def make(speedup: float = 1.0, seed: int = 0, **overrides: Any) -> Engine:
+    def make(speedup: float = 1.0, seed: int = 0, scheduling_policy: str = "fcfs", **overrides: Any) -> Engine:
         profile = parse_profile(profile_dict(**overrides))
         return Engine(
             profile,
@@ -76,6 +76,7 @@ def make_engine() -> Callable[..., Engine]:
             max_num_batched_tokens=profile.max_num_batched_tokens,
             speedup=speedup,
             seed=seed,
+            scheduling_policy=scheduling_policy,
         )
 
     return make
