@@ -66,20 +66,22 @@ def run(s: Scenario, tmp: Path) -> dict[str, Any]:
             proc.wait()
     return {"scenario": {"multiple": s.multiple, "seed": s.seed, "admission": s.admission, "speedup": s.speedup,
                          "duration_s": s.duration_s, "drain_s": s.drain_s, "kv_tokens": s.kv_tokens,
-                         "workers": s.workers},
+                         "workers": s.workers, "scheduling_policy": s.scheduling_policy},
             "agents": summarize(s, outcomes, read_queue_waits(log) if log.exists() else {})}  # fmt: skip
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    head = ("| load | admission | seed | agent | prio / on_overload | req | SLA att. | 429 (w/ Retry-After) | degraded "
-            "| 5xx | max queue wait / deadline (s) | bulk after load drop |")  # fmt: skip
-    lines = [head, "|" + "---|" * 12]
+    head = ("| load | admission | workers' scheduling | seed | agent | prio / on_overload | req | SLA att. "
+            "| 429 (w/ Retry-After) | degraded | 5xx | max queue wait / deadline (s) "
+            "| bulk after load drop |")  # fmt: skip
+    lines = [head, "|" + "---|" * 13]
     for r in results:
         sc = r["scenario"]
         for name, a in r["agents"].items():
             drain = f"{a['drain_ok']}/{a['drain_requests']}" if a["drain_requests"] else ""
             lines.append(
-                f"| {sc['multiple']:g}x | {'on' if sc['admission'] else 'off'} | {sc['seed']} | {name} "
+                f"| {sc['multiple']:g}x | {'on' if sc['admission'] else 'off'} | {sc.get('scheduling_policy', 'fcfs')} "
+                f"| {sc['seed']} | {name} "
                 f"| {a['priority']} / {a['on_overload']} | {a['requests']} | {a['sla_attainment']:.3f} "
                 f"| {a['rejected_429']} ({a['retry_after_present']}) | {a['degraded']} | {a['5xx']} "
                 f"| {a['max_queue_wait_s']:.2f} / {a['deadline_s']:.2f} | {drain} |"
@@ -95,12 +97,21 @@ def main() -> None:
     ap.add_argument("--drain", type=float, default=6.0)
     ap.add_argument("--speedup", type=float, default=0.25)
     ap.add_argument("--baseline", action="store_true", help="also run each multiple once without admission")
+    ap.add_argument("--no-admission", action="store_true", help="run every seed without admission control")
+    ap.add_argument(
+        "--scheduling-policy",
+        default="fcfs",
+        choices=("fcfs", "priority"),
+        help="the workers' scheduling (priority: each request's priority reaches the sims' queues)",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     scenarios = []
     for m in (float(x) for x in args.multiples.split(",")):
-        kw = {"multiple": m, "duration_s": args.duration, "drain_s": args.drain, "speedup": args.speedup}
-        scenarios += [Scenario(seed=int(seed), **kw) for seed in args.seeds.split(",")]  # type: ignore[arg-type]
+        kw = {"multiple": m, "duration_s": args.duration, "drain_s": args.drain, "speedup": args.speedup,
+              "scheduling_policy": args.scheduling_policy}  # fmt: skip
+        scenarios += [Scenario(seed=int(seed), admission=not args.no_admission, **kw)  # type: ignore[arg-type]
+                      for seed in args.seeds.split(",")]  # fmt: skip
         if args.baseline:
             scenarios.append(Scenario(seed=0, admission=False, **kw))  # type: ignore[arg-type]
     results = []

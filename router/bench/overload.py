@@ -72,6 +72,7 @@ class Scenario:
     aging_s: float = 2.0
     admission: bool = True
     policy: str = "least_outstanding"
+    scheduling_policy: str = "fcfs"  # the workers' (vLLM's); "priority": the agents' priorities reach their queues
 
     def agents(self) -> tuple[AgentLoad, ...]:
         """The agents with rates in real requests per second (batch and crawler fill the multiple)."""
@@ -109,7 +110,8 @@ def scenario_config(s: Scenario, urls: Mapping[str, str], *, sims: bool = False,
     backends = []
     for i, (name, url) in enumerate(urls.items()):
         b: dict[str, Any] = {"name": name, "url": url, "model": MODEL, "kv_budget_tokens": s.kv_tokens,
-                             "max_model_len": 4096, "profile": PROFILE}  # fmt: skip
+                             "max_model_len": 4096, "profile": PROFILE,
+                             "scheduling_policy": s.scheduling_policy}  # fmt: skip
         if sims:
             b["sim"] = {"profile": PROFILE, "speedup": s.speedup, "seed": s.seed * 100 + i, "kv_tokens": s.kv_tokens}
         backends.append(b)
