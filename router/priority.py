@@ -14,8 +14,8 @@ pressure preempts the running request last in that order. For a backend configur
   the output tokens predicted for this request and its workflow's later stages, so workflows close to done go
   first — Chimera's shortest-remaining-workflow-first with aging.
 
-In thousandths of a level, as vLLM's field is an integer. A worker under ``fcfs`` answers 400 to a non-zero
-priority, so nothing is added for those.
+In thousandths of a level, as vLLM's field is an integer. A worker under ``fcfs`` ignores the field (vLLM 0.26
+takes it and does nothing with it; checked on the lent H200), so its body is left as the caller sent it.
 """
 
 from __future__ import annotations

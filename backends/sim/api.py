@@ -52,7 +52,7 @@ class Completion:
     difficulty: float | None
     seed: int | None
     random_sampling: bool = False  # temperature > 0 (absent: vLLM's default 1.0), so not a greedy argmax
-    priority: int = 0  # vLLM's request priority (lower first), honoured under --scheduling-policy priority
+    priority: int = 0  # vLLM's request priority (lower first): only --scheduling-policy priority reads it
 
 
 def parse_completion(
@@ -61,8 +61,6 @@ def parse_completion(
     served_model: str,
     max_model_len: int,
     tokenizer: Tokenizer = WORDS_TOKENIZER,
-    *,
-    priority_scheduling: bool = False,
 ) -> Completion:
     try:
         req = json.loads(body)
@@ -108,9 +106,7 @@ def parse_completion(
     min_tokens = _opt_int(req, "min_tokens", 0) or 0
     if min_tokens < 0 or min_tokens > max_tokens:
         raise ApiError(400, "min_tokens must be between 0 and max_tokens", "min_tokens")
-    priority = _opt_int(req, "priority", 0) or 0
-    if priority and not priority_scheduling:  # vLLM's own check and wording
-        raise ApiError(400, f"Got priority {priority} but Priority scheduling is not enabled.", "priority")
+    priority = _opt_int(req, "priority", 0) or 0  # vLLM 0.26 takes it under either policy (fcfs ignores it)
     sim = req.get("sim") or {}
     if not isinstance(sim, dict):
         raise ApiError(400, "'sim' must be an object", "sim")

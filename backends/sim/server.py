@@ -116,9 +116,8 @@ class SimApp:
                     raise ApiError(405, "Method Not Allowed")
                 body = await _read_body(receive)
                 req = api.parse_completion(
-                    body, path.endswith("chat/completions"), self.model, self.max_model_len, self.profile.tokenizer,
-                    priority_scheduling=self.engine.scheduling_policy == "priority",
-                )  # fmt: skip
+                    body, path.endswith("chat/completions"), self.model, self.max_model_len, self.profile.tokenizer
+                )
                 await self._complete(req, receive, send)
             elif method != "GET":
                 raise ApiError(405 if path in ("/health", "/v1/models", "/metrics") else 404, "Method Not Allowed")

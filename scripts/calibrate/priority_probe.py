@@ -6,7 +6,7 @@ request (priority 9), waits until it runs, queues ``--batch`` short requests (pr
 until vLLM reports them waiting, then sends one ``urgent`` request (priority 0), and records the order in
 which the answers finish. Under ``--scheduling-policy priority`` the urgent request finishes second (right
 after the head); in arrival order (``fcfs``) it finishes last. ``--no-priority`` sends no ``priority`` field
-(for an ``fcfs`` worker, which answers 400 to a non-zero one: the probe records that answer too).
+(for an ``fcfs`` worker) and first records what such a worker answers to one (vLLM 0.26: 200, the field ignored).
 
     python scripts/calibrate/priority_probe.py --url http://127.0.0.1:8001 --model qwen2.5-0.5b --out prio.json
 
@@ -69,7 +69,7 @@ def main() -> None:
 
     with httpx.Client(timeout=10) as client:
         refused = None
-        if args.no_priority:  # what an fcfs worker says to a priority
+        if args.no_priority:  # what an fcfs worker says to a priority (vLLM 0.26: 200)
             r = client.post(args.url + "/v1/completions", json={"model": args.model, "prompt": "w1 w2", "max_tokens": 1,
                                                                 "priority": 3})  # fmt: skip
             refused = {"status": r.status_code, "body": r.text[:300]}
@@ -87,8 +87,8 @@ def main() -> None:
             t.join()
     order = [f["tag"] for f in sorted(finished, key=lambda f: f["done_s"])]
     result = {"url": args.url, "model": args.model, "priority_sent": not args.no_priority, "order": order,
-              "urgent_position": order.index("urgent") + 1, "requests": finished, "fcfs_refusal": refused}  # fmt: skip
-    print(json.dumps({k: result[k] for k in ("model", "priority_sent", "order", "urgent_position", "fcfs_refusal")}))
+              "urgent_position": order.index("urgent") + 1, "requests": finished, "fcfs_answer": refused}  # fmt: skip
+    print(json.dumps({k: result[k] for k in ("model", "priority_sent", "order", "urgent_position", "fcfs_answer")}))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     sys.exit(0 if all(f["status"] == 200 for f in finished) else 1)

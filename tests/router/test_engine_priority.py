@@ -69,7 +69,7 @@ Start = Callable[..., ServerThread]
 
 
 def test_a_priority_scheduled_sim_serves_what_the_gateway_sends(gateway_server: Start, sim_server: Start) -> None:
-    # a real sim under fcfs refuses a non-zero priority (as vLLM does): the gateway must send none there
+    # real sims of both policies behind the gateway: the priority one takes the gateway's value
     fcfs, prio = sim_server(model="m"), sim_server(model="m", scheduling_policy="priority")
     cfg = make_config([{"name": "f", "url": fcfs.url, "model": "m"},
                        {"name": "p", "url": prio.url, "model": "m", "scheduling_policy": "priority"}])  # fmt: skip
