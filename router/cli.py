@@ -91,6 +91,8 @@ def describe(cfg: Config, file: str) -> str:
             extra.append(f"launch={b.launch.hf_model} gpu={b.launch.gpu} kv={b.launch.kv_cache_gib:g}GiB")
         if b.tags:
             extra.append("tags=" + ",".join(b.tags))
+        if b.scheduling_policy != "fcfs":
+            extra.append(f"scheduling={b.scheduling_policy}")
         lines.append(
             f"  {b.name:<14} {b.model:<16} {b.url:<26} kv={b.kv_budget_tokens:<9} "
             f"max_len={b.max_model_len:<6} {' '.join(extra)}".rstrip()

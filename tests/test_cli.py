@@ -52,6 +52,11 @@ def test_check_quickstart_prints_the_fleet() -> None:
             ":3: backends[a].url",
         ),
         ("backends: [\n", ":2:"),
+        (
+            "backends:\n  - {name: a, url: 'http://127.0.0.1:1', model: m, kv_budget_tokens: 1, scheduling_policy: lifo}\n"
+            "agents:\n  - {name: x, models: [m]}\n",
+            ":2: backends[a].scheduling_policy",
+        ),
     ],
 )
 def test_check_bad_config_is_one_line_with_file_line_key(tmp_path: Path, yaml_text: str, where: str) -> None:
