@@ -53,9 +53,10 @@ def test_check_quickstart_prints_the_fleet() -> None:
         ),
         ("backends: [\n", ":2:"),
         (
-            "backends:\n  - {name: a, url: 'http://127.0.0.1:1', model: m, kv_budget_tokens: 1, scheduling_policy: lifo}\n"
+            "backends:\n  - {name: a, url: 'http://127.0.0.1:1', model: m, kv_budget_tokens: 1,\n"
+            "     scheduling_policy: lifo}\n"
             "agents:\n  - {name: x, models: [m]}\n",
-            ":2: backends[a].scheduling_policy",
+            ":3: backends[a].scheduling_policy",
         ),
     ],
 )
