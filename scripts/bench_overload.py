@@ -35,11 +35,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(s: Scenario, tmp: Path) -> dict[str, Any]:
+def run(s: Scenario, tmp: Path, workers: list[str] | None = None) -> dict[str, Any]:
+    """One scenario through a fresh ``chimera serve``: on simulated workers it starts, or on ``workers`` (URLs of
+    running servers, e.g. real vLLM: they must serve the scenario's model with its KV budget and scheduling)."""
     port = free_port()
-    urls = {f"w{i}": f"http://127.0.0.1:{free_port()}" for i in range(s.workers)}
+    urls = {f"w{i}": u for i, u in enumerate(workers or [f"http://127.0.0.1:{free_port()}" for _ in range(s.workers)])}
     log = tmp / f"requests-{s.multiple}-{s.seed}-{int(s.admission)}.jsonl"
-    cfg = scenario_config(s, urls, sims=True, request_log=str(log))
+    cfg = scenario_config(s, urls, sims=not workers, request_log=str(log))
     path = tmp / "overload.yaml"
     path.write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", "router.cli", "serve", "--config", str(path), "--port", str(port)]
@@ -66,7 +68,8 @@ def run(s: Scenario, tmp: Path) -> dict[str, Any]:
             proc.wait()
     return {"scenario": {"multiple": s.multiple, "seed": s.seed, "admission": s.admission, "speedup": s.speedup,
                          "duration_s": s.duration_s, "drain_s": s.drain_s, "kv_tokens": s.kv_tokens,
-                         "workers": s.workers, "scheduling_policy": s.scheduling_policy},
+                         "workers": s.workers, "scheduling_policy": s.scheduling_policy,
+                         "workers_at": list(urls.values()) if workers else "sims"},
             "agents": summarize(s, outcomes, read_queue_waits(log) if log.exists() else {})}  # fmt: skip
 
 
@@ -104,6 +107,7 @@ def main() -> None:
         choices=("fcfs", "priority"),
         help="the workers' scheduling (priority: each request's priority reaches the sims' queues)",
     )
+    ap.add_argument("--urls", default="", help="comma-separated URLs of running workers (real vLLM) instead of sims")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     scenarios = []
@@ -117,7 +121,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for s in scenarios:
-            results.append(run(s, Path(tmp)))
+            results.append(run(s, Path(tmp), args.urls.split(",") if args.urls else None))
             print(table(results[-1:]).split("\n", 2)[2], flush=True)
     print(table(results))
     if args.out:
