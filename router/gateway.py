@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,6 +25,7 @@ from router.types import Policy
 if TYPE_CHECKING:
     from predictor.runtime import PredictorRuntime
     from router.admission import AdmissionController
+    from router.priority import PriorityFn
 
 STATE_KEY = "gateway"
 
@@ -43,7 +43,7 @@ class Gateway:
     predictor: PredictorRuntime | None = None  # sketches, prefix index, online refits (when configured)
     admission: AdmissionController | None = None  # overload handling (when gateway.admission is configured)
     # the body's `priority` for workers that schedule by it (router.priority; when a backend does)
-    engine_priority: Callable[..., int] | None = None
+    engine_priority: PriorityFn | None = None
     _seq: itertools.count[int] = field(default_factory=itertools.count)
 
     def next_seq(self) -> int:

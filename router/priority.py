@@ -28,8 +28,11 @@ from router.types import RequestFeatures
 
 SCALE = 1000.0  # integer steps per priority level
 
+#: ``priority(features, predicted)``: the value for one request (``predicted``: its decision's predictions, or None)
+PriorityFn = Callable[[RequestFeatures, Mapping[str, float] | None], int]
 
-def make_priority(options: EnginePriorityConfig, clock: Callable[[], float] = time.time) -> Callable[..., int]:
+
+def make_priority(options: EnginePriorityConfig, clock: Callable[[], float] = time.time) -> PriorityFn:
     """``priority(features, predicted)``: the value to send, from the request's features and its decision's
     ``predicted`` mapping (``workflow_remaining_tokens`` is read when ``tokens_per_level`` is set)."""
     per_age = SCALE / options.aging_s

@@ -56,11 +56,7 @@ class Completion:
 
 
 def parse_completion(
-    body: bytes,
-    chat: bool,
-    served_model: str,
-    max_model_len: int,
-    tokenizer: Tokenizer = WORDS_TOKENIZER,
+    body: bytes, chat: bool, served_model: str, max_model_len: int, tokenizer: Tokenizer = WORDS_TOKENIZER
 ) -> Completion:
     try:
         req = json.loads(body)

@@ -8,9 +8,9 @@ Then, if nobody was preempted, waiting requests are admitted first-come first-se
 token budget and ``max_num_seqs`` allow, each reusing its longest cached prefix. Under vLLM's
 ``--scheduling-policy priority`` (:mod:`backends.sim.waiting`) the queue is ordered by each request's
 ``priority`` (lower first), then arrival, and the running request preempted is the one last in that
-order. A step lasts what the profile's linear model says for its features (plus the eager-mode cost when it schedules
-more tokens than vLLM captures CUDA graphs for), divided by ``speedup``; its tokens are released
-when it ends. In front of the queue sits the API server, a FIFO server that handles one request at
+order. A step lasts what the profile's linear model says for its features (plus the eager-mode cost
+when it schedules more tokens than vLLM captures CUDA graphs for), divided by ``speedup``; its tokens
+are released when it ends. In front of the queue sits the API server, a FIFO server that handles one request at
 a time. Time is an absolute schedule, so a late wake-up is caught up, and measured as lag.
 """
 
@@ -189,7 +189,6 @@ class Engine:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.speedup = speedup
-        self.scheduling_policy = scheduling_policy
         self.waiting: deque[Request] | PriorityQueue[Request] = make_queue(scheduling_policy)  # ValueError: unknown
         self._by_priority = isinstance(self.waiting, PriorityQueue)
         self.running: list[Request] = []
