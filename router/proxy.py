@@ -160,10 +160,9 @@ class ProxyResponse:
         reservation = await gw.state.reserve(name, reserved, prefill)
         try:
             call.sent_at = time.perf_counter()
-            priority = None
-            by_priority = backend.scheduling_policy == "priority" and "priority" not in call.payload
-            if by_priority and gw.engine_priority is not None:
-                priority = gw.engine_priority(call.features, rec.predicted)
+            priority, by_priority = None, gw.engine_priority
+            if by_priority is not None and backend.scheduling_policy == "priority" and "priority" not in call.payload:
+                priority = by_priority(call.features, rec.predicted)
             opened = await gw.workers.open(
                 backend, call.path, call.body_for(backend.model, priority), headers, stream=call.features.stream
             )

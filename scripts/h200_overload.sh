@@ -8,11 +8,8 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0
 OUT=${OUT:-/tmp/h200-out}; L=/tmp/vlog-ovl; mkdir -p "$OUT" "$L"; SEEDS=${SEEDS:-"0 1"}
-if ls .gpu/c/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/c/*.whl 2>&1 \
-    | grep -v "Target directory" | tail -2
-fi
-[ -d /tmp/models/qwen2.5-0.5b ] || python3 .gpu/bin/mkmodels.py /tmp/models > /dev/null
+. scripts/h200_site.sh; h200_wheels
+h200_models
 {
   echo "gateway: {host: 127.0.0.1, port: 8080, state: memory, policy: round_robin, default_agent: chat}"
   echo "backends:"

@@ -44,16 +44,13 @@ collect() {
   ls -la "$OUT"; echo "done $(el)"
 }
 
-if ls .gpu/c/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/c/*.whl 2>&1 \
-    | grep -v "Target directory" | tail -2
-fi
+. scripts/h200_site.sh; h200_wheels
 python3 -c "import router.cli, router.bench.runner, backends.simfields, backends.launcher, openai, starlette, uvicorn, \
 pydantic, redis, sklearn, rich; print('starlette', starlette.__version__, 'pydantic', pydantic.VERSION, 'openai', \
 openai.__version__)" > "$L/versions.txt" || { echo "BLOCKED: a dependency is missing (above)"; collect; exit 1; }
 python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >> "$L/versions.txt" 2>&1
 cat "$L/versions.txt"
-[ -d /tmp/models/qwen2.5-7b ] || python3 .gpu/bin/mkmodels.py /tmp/models > /dev/null
+h200_models
 # BENCH_VOCAB=1: every bench word its own token (without it the bench's English words are all <unk>: docs/REAL_VLLM.md
 # "Rerun 3"); needs a fresh boot of the workers (a tokenizer is read at start-up)
 [ "${BENCH_VOCAB:-0}" = 1 ] && python3 scripts/calibrate/bench_vocab.py /tmp/models

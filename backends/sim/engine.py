@@ -189,7 +189,7 @@ class Engine:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.speedup = speedup
-        self.waiting: deque[Request] | PriorityQueue[Request] = make_queue(scheduling_policy)  # ValueError: unknown
+        self.waiting: deque[Request] | PriorityQueue[Request] = make_queue(scheduling_policy)  # ProfileError: unknown
         self._by_priority = isinstance(self.waiting, PriorityQueue)
         self.running: list[Request] = []
         self.stats = EngineStats()
@@ -288,10 +288,8 @@ class Engine:
         batch = Batch(start=now)
         reqs, news = batch.requests, batch.num_new
         budget = self.max_num_batched_tokens
-        n_decode = ctx = prefill = 0
-        attn = 0.0
         running = self.running
-        preempted = recount = False
+        preempted = False
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -309,21 +307,13 @@ class Engine:
                         del reqs[k]
                         budget += news.pop(k)
                         i -= 1
-                        recount = True
                 if req.status is not Status.RUNNING:
                     break
             reqs.append(req)
             news.append(n)
             budget -= n
-            if n == 1 and req.output and start == req.num_tokens - 1:
-                n_decode += 1
-                ctx += start + 1
-            else:
-                prefill += n
-                attn += n * (start + n / 2)
             i += 1
-        if recount:
-            n_decode, ctx, prefill, attn = _step_features(reqs, news)
+        n_decode, ctx, prefill, attn = _step_features(reqs, news)
         if not preempted:
             waiting = self.waiting
             seen_by = self._admit_by(now, bool(reqs))
@@ -520,8 +510,8 @@ class Engine:
 
 
 def _step_features(reqs: list[Request], news: list[int]) -> tuple[int, int, int, float]:
-    """(decoding sequences, their context tokens, prefill tokens, prefill attention) of the running requests
-    scheduled so far, as the scheduler's loop counts them (recounted when a preemption took one back)."""
+    """(decoding sequences, their context tokens, prefill tokens, prefill attention) of the running requests a
+    step scheduled: a request one token short of its computed length decodes, any other runs a prefill chunk."""
     n_decode = ctx = prefill = 0
     attn = 0.0
     for req, n in zip(reqs, news, strict=True):

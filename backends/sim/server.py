@@ -29,7 +29,6 @@ from backends.sim.gpu import SharedGPU
 from backends.sim.metrics import exposition, make_registry
 from backends.sim.profile import Profile, ProfileError, load_profile, positive_int
 from backends.sim.textgen import VOCAB, draw_answer
-from backends.sim.waiting import POLICIES
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -64,9 +63,6 @@ def build_engine(settings: SimSettings) -> tuple[Profile, Engine]:
         raise ProfileError(f"seed must be a non-negative integer, got {settings.seed!r}")
     if settings.model is not None and not settings.model:
         raise ProfileError("model must be a non-empty name")
-    if settings.scheduling_policy not in POLICIES:
-        choices = ", ".join(POLICIES)
-        raise ProfileError(f"scheduling_policy must be one of {choices}, got {settings.scheduling_policy!r}")
     kv_tokens = positive_int("kv_tokens", settings.kv_tokens) or profile.kv_budget_tokens
     if kv_tokens < profile.block_size:
         raise ProfileError(f"kv_tokens must hold at least one block of {profile.block_size} tokens")

@@ -14,6 +14,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
+from backends.sim.profile import ProfileError
+
 POLICIES = ("fcfs", "priority")
 
 
@@ -81,4 +83,4 @@ def make_queue(policy: str) -> deque[T] | PriorityQueue[T]:
         return deque()
     if policy == "priority":
         return PriorityQueue()
-    raise ValueError(f"scheduling policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    raise ProfileError(f"scheduling policy must be one of {', '.join(POLICIES)}, got {policy!r}")

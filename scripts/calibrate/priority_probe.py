@@ -26,17 +26,14 @@ from typing import Any
 
 import httpx
 
-
-def gauge(client: httpx.Client, url: str, name: str) -> float:
-    for line in client.get(url + "/metrics").text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_client import make_prompt  # next to this file
+from probe_stats import parse_metrics  # next to this file
 
 
 def until(client: httpx.Client, url: str, name: str, value: float, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while gauge(client, url, name) < value:
+    while parse_metrics(client.get(url + "/metrics").text).get(name, 0.0) < value:
         if time.monotonic() > deadline:
             raise SystemExit(f"{name} never reached {value} on {url}")
         time.sleep(0.005)
@@ -58,7 +55,7 @@ def main() -> None:
 
     def one(tag: str, priority: int, out: int) -> None:
         body: dict[str, Any] = {"model": args.model, "max_tokens": out, "ignore_eos": True, "temperature": 0.0,
-                                "prompt": " ".join(f"w{rng.randrange(30000)}" for _ in range(16))}  # fmt: skip
+                                "prompt": make_prompt(16, rng.getrandbits(32))}  # fmt: skip
         if not args.no_priority:
             body["priority"] = priority
         sent = time.perf_counter() - t0
