@@ -23,6 +23,7 @@ import contextlib
 import os
 import random
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,32 +78,44 @@ class RunLog:
 
 
 class AgentClients:
-    """One ``AsyncOpenAI`` per agent, sharing a connection pool."""
+    """One ``AsyncOpenAI`` per agent over ``pools`` connection pools; a workflow keeps to one pool.
 
-    def __init__(self, base_url: str, config: Config, timeout_s: float = 600.0) -> None:
+    With one pool every step shares one set of keep-alive connections. Gateway replicas that share a
+    port (SO_REUSEPORT) are handed connections, not requests, by the kernel, and a light load keeps
+    only one or two connections open: several pools (``pools``, one per workflow by a hash of its id)
+    make the load look like many users, each with their own connections, as a real fleet's does.
+    """
+
+    def __init__(self, base_url: str, config: Config, timeout_s: float = 600.0, pools: int = 1) -> None:
         try:
             import openai
         except ImportError as exc:  # a core install has no openai; the dev extra does
             raise ChimeraError("chimera bench needs the openai SDK: pip install openai") from exc
         self._openai = openai
-        self._root = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=timeout_s)
-        self._clients: dict[str, Any] = {}
+        self._roots = [
+            openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=timeout_s)
+            for _ in range(max(1, pools))
+        ]
+        self._clients: list[dict[str, Any]] = [{} for _ in self._roots]
         self._auth: dict[str, dict[str, str]] = {}
         for agent in config.agents:
             if agent.api_keys:
-                self._clients[agent.name] = self._root.with_options(api_key=agent.api_keys[0])
                 self._auth[agent.name] = {"Authorization": f"Bearer {agent.api_keys[0]}"}
+                options: dict[str, Any] = {"api_key": agent.api_keys[0]}
             else:
-                self._clients[agent.name] = self._root.with_options(default_headers={"X-Agent": agent.name})
                 self._auth[agent.name] = {"X-Agent": agent.name}
+                options = {"default_headers": {"X-Agent": agent.name}}
+            for root, clients in zip(self._roots, self._clients, strict=True):
+                clients[agent.name] = root.with_options(**options)
         self.feedback = config.gateway.predictor is not None
         self._http = httpx.AsyncClient(base_url=base_url, timeout=10.0) if self.feedback else None
 
     def has(self, agent: str) -> bool:
-        return agent in self._clients
+        return agent in self._auth
 
     async def close(self) -> None:
-        await self._root.close()
+        for root in self._roots:
+            await root.close()
         if self._http is not None:
             await self._http.aclose()
 
@@ -118,7 +131,7 @@ class AgentClients:
     async def send(self, step: Step, workflow_id: str, t0: float, stage: int = 0) -> tuple[RequestRecord, str]:
         """Stream one step (``stage``: its index in the workflow); return its record and the answer's text."""
         rec = RequestRecord(workflow_id, step.agent, time.monotonic() - t0, prompt_tokens=step.prompt_words)
-        client = self._clients[step.agent]
+        client = self._clients[zlib.crc32(workflow_id.encode()) % len(self._clients)][step.agent]
         parts: list[str] = []
         start = time.monotonic()
         try:
@@ -234,6 +247,7 @@ class ShardJob:
     horizon_s: float
     drain_s: float
     shard: tuple[int, int]
+    pools: int = 1  # connection pools (AgentClients)
 
 
 def warm_up() -> int:
@@ -252,7 +266,7 @@ def run_shard(job: ShardJob, t0: float) -> RunLog:
 
 async def _run_shard(job: ShardJob, t0: float) -> RunLog:
     log = RunLog()
-    clients = AgentClients(job.url, job.config)
+    clients = AgentClients(job.url, job.config, pools=job.pools)
     try:
         args = (job.horizon_s, job.drain_s, log, lambda _: None, t0)
         if job.kind == "users":

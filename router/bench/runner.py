@@ -186,7 +186,7 @@ def run_one(
         "file": spec.config_path, "workload": spec.workload, "policy": policy, kind: load, "seed": seed,
         "duration_s": spec.duration_s, "warmup_s": spec.warmup_s, "drain_s": drain, "speedup": speedup,
         "sla_scale": round(1.0 / speedup, 4), "clock": "wall-clock latencies and rates (see speedup)",
-        "gateway_replicas": spec.replicas, "client_processes": spec.clients,
+        "gateway_replicas": spec.replicas, "client_processes": spec.clients, "client_pools": _pools(spec),
         "backends": [{"name": b.name, "model": b.model, "kv_budget_tokens": b.kv_budget_tokens,
                       "tags": list(b.tags), **({"sim": b.sim.model_dump(),
                                                 "profile_sha256": _profile_digest(b.sim.profile)} if b.sim else {})}
@@ -200,7 +200,8 @@ async def _drive(
     spec: BenchSpec, cfg: Config, url: str, kind: str, load: float, seed: int, horizon: float, drain: float,
     log: bc.RunLog, show: Any,
 ) -> dict[str, dict[str, float]]:  # fmt: skip
-    clients = bc.AgentClients(url, cfg)
+    pools = _pools(spec)
+    clients = bc.AgentClients(url, cfg, pools=pools)
     make_workflow(spec.workload, seed, 0)  # fail fast on a bad workload before any load
     workers = {b.name: b.url for b in cfg.backends}
     before = await bc.scrape_workers(workers)  # real workers count from their start, not this run's
@@ -224,7 +225,7 @@ async def _drive(
 
         pollers = [asyncio.create_task(bc.poll_fleet(url, log, t0)), asyncio.create_task(tick())]
         if pool is not None:
-            jobs = [bc.ShardJob(url, cfg, spec.workload, kind, load, seed, horizon, drain, (k, spec.clients))
+            jobs = [bc.ShardJob(url, cfg, spec.workload, kind, load, seed, horizon, drain, (k, spec.clients), pools)
                     for k in range(spec.clients)]  # fmt: skip
             parts = await asyncio.gather(*(loop.run_in_executor(pool, bc.run_shard, j, t0) for j in jobs))
             for part in parts:
@@ -263,6 +264,15 @@ def _stop_pool(pool: ProcessPoolExecutor, finished: bool) -> None:
         for proc in list(getattr(pool, "_processes", {}).values()):  # no public API before Python 3.14
             proc.terminate()
     pool.shutdown(wait=True, cancel_futures=True)
+
+
+POOLS_PER_REPLICA = 8
+
+
+def _pools(spec: BenchSpec) -> int:
+    """Connection pools per load client: with replicas on one port, several per replica, so that the
+    kernel (which hands out connections, not requests) reaches every replica even at a light load."""
+    return POOLS_PER_REPLICA * spec.replicas if spec.replicas > 1 else 1
 
 
 def _client_pool(n: int) -> ProcessPoolExecutor | None:

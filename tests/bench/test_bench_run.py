@@ -169,7 +169,7 @@ def test_replicas_share_one_port_and_redis_state(tmp_path: Path, redis_prefix: s
     )  # fmt: skip
     run_bench(spec)
     (entry,) = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert entry["errors"] == 0 and entry["config"]["gateway_replicas"] == 2
+    assert entry["errors"] == 0 and entry["config"]["gateway_replicas"] == 2 and entry["config"]["client_pools"] == 16
     logs = sorted((tmp_path / "out" / "logs").glob("requests-*-r*.jsonl"))
     assert len(logs) == 2
     served = [len(p.read_text().splitlines()) for p in logs]
