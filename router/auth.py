@@ -2,8 +2,9 @@
 
 Where any agent declares ``api_keys``, the caller must send ``Authorization: Bearer KEY`` and the
 key picks the agent (compared in constant time). Where none does, the ``X-Agent`` header names
-the agent, else ``gateway.default_agent``; an ``Authorization`` header is then ignored (the
-OpenAI SDK always sends one).
+the agent, else a completion's ``model`` where it is an agent's name (:meth:`AgentResolver.settle`),
+else ``gateway.default_agent``; an ``Authorization`` header is then ignored (the OpenAI SDK always
+sends one).
 
 Where ``gateway.admin_key`` is set, the operator endpoints need it the same way (:meth:`check_admin`).
 """
@@ -22,6 +23,7 @@ class AgentResolver:
         self._keys = tuple((k.encode(), a) for a in config.agents for k in a.api_keys)
         self._by_name = {a.name: a for a in config.agents}
         self._default = config.agent(config.gateway.default_agent) if config.gateway.default_agent else None
+        self._served = frozenset(config.served_models)
         admin = config.gateway.admin_key
         self._admin = admin.encode() if admin else None
 
@@ -38,18 +40,41 @@ class AgentResolver:
 
     def resolve(self, headers: Mapping[str, str]) -> AgentConfig:
         """The caller's agent. Raises Unauthorized (401) for no or an unknown key or agent."""
-        if self._keys:
-            return self._by_key(headers.get("authorization", ""))
-        name = headers.get("x-agent", "").strip()
-        if name:
-            agent = self._by_name.get(name)
-            if agent is None:
-                raise Unauthorized(f"unknown agent {name!r} in X-Agent", code="unknown_agent")
+        agent = self.named(headers)
+        if agent is not None:
             return agent
         if self._default is not None:
             return self._default
         raise Unauthorized("no agent: send an X-Agent header (no default_agent is configured)",
                            code="missing_agent")  # fmt: skip
+
+    def named(self, headers: Mapping[str, str]) -> AgentConfig | None:
+        """The agent the caller's key or ``X-Agent`` header names; None where it names none (no keys
+        configured and no header). Raises Unauthorized (401) for no or an unknown key or agent."""
+        if self._keys:
+            return self._by_key(headers.get("authorization", ""))
+        name = headers.get("x-agent", "").strip()
+        if not name:
+            return None
+        agent = self._by_name.get(name)
+        if agent is None:
+            raise Unauthorized(f"unknown agent {name!r} in X-Agent", code="unknown_agent")
+        return agent
+
+    def settle(self, named: AgentConfig | None, model: str) -> AgentConfig:
+        """A completion's agent: ``named`` (:meth:`named`), or, where the caller named none, the agent its
+        ``model`` names ("let the router pick the model for this agent"), else ``default_agent``. A caller
+        whose key or header names an agent stays that agent: another agent's name is then no model of its
+        own (404, which does not tell that agent's existence), and a served model's name stays a model."""
+        if named is not None:
+            return named
+        agent = self._by_name.get(model) if model not in self._served else None
+        if agent is not None:
+            return agent
+        if self._default is not None:
+            return self._default
+        raise Unauthorized("no agent: send an X-Agent header or name an agent as the model (no default_agent "
+                           "is configured)", code="missing_agent")  # fmt: skip
 
     def _by_key(self, authorization: str) -> AgentConfig:
         scheme, _, token = authorization.partition(" ")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
@@ -28,6 +29,20 @@ PosInt = Annotated[int, Field(gt=0)]
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data: Any) -> Any:
+        """``kv_budget_tokens: true`` is a mistake, not 1: pydantic's lax mode would take a boolean for a
+        number (a number written as a string stays accepted, as ``${VAR}`` values are strings)."""
+        if isinstance(data, dict):
+            for key, value in data.items():
+                field = cls.model_fields.get(key) if isinstance(key, str) else None
+                if field is not None and isinstance(value, bool):
+                    kinds = _kinds(field.annotation)
+                    if bool not in kinds and kinds & {int, float}:
+                        raise _At((key,), f"expected a number, not {str(value).lower()}")
+        return data
 
 
 class SLA(_Frozen):
@@ -245,6 +260,9 @@ class Config(_Frozen):
         for i, b in enumerate(self.backends):
             if b.profile is not None:
                 _check_profile(("backends", i, "profile"), b.profile)
+            if b.sim is not None:
+                _check_profile(("backends", i, "sim", "profile"), b.sim.profile)
+        _check_shared_gpus(self.backends)
         served = {b.model for b in self.backends}
         for i, agent in enumerate(self.agents):
             for j, m in enumerate(agent.models):
@@ -293,6 +311,16 @@ class _At(ValueError):
         self.loc = loc
 
 
+def _kinds(annotation: Any) -> set[Any]:
+    """The plain types an annotation admits (through ``Annotated``, ``Optional`` and unions)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _kinds(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return set().union(*(_kinds(a) for a in get_args(annotation)))
+    return {annotation}
+
+
 def _check_profile(loc: tuple[str | int, ...], name: str) -> None:
     from backends.sim.profile import ProfileError, load_profile
 
@@ -300,6 +328,20 @@ def _check_profile(loc: tuple[str | int, ...], name: str) -> None:
         load_profile(name)
     except ProfileError as exc:
         raise _At(loc, str(exc)) from None
+
+
+def _check_shared_gpus(backends: tuple[BackendConfig, ...]) -> None:
+    """Simulated workers on one ``gpu`` time-share one modelled GPU (backends.sim.gpu), which needs one clock:
+    they must run at the same ``speedup``."""
+    first: dict[int, BackendConfig] = {}
+    for i, b in enumerate(backends):
+        if b.sim is None or b.gpu is None:
+            continue
+        other = first.setdefault(b.gpu, b)
+        if other.sim is not None and other.sim.speedup != b.sim.speedup:
+            raise _At(("backends", i, "sim", "speedup"),
+                      f"simulated workers {other.name} and {b.name} share gpu {b.gpu} but not their speedup "
+                      f"({other.sim.speedup:g} vs {b.sim.speedup:g})")  # fmt: skip
 
 
 def _unique(section: str, names: list[str]) -> None:
@@ -310,6 +352,27 @@ def _unique(section: str, names: list[str]) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Loading
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last
+    one, so `port: 8080` further up would silently lose to a later `port: 9090`)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: the base class reports it
+                break
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
 
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _PLACEHOLDER = "__chimera_env_{}__"
@@ -346,7 +409,7 @@ def parse_config(text: str, *, file: str = "<config>", env: Mapping[str, str]) -
     masked = _ENV_RE.sub(_sub, text)
     try:
         node = yaml.compose(masked, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(masked)
+        data = yaml.load(masked, Loader=_UniqueKeyLoader)  # a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None

@@ -95,11 +95,14 @@ class Completion:
         """The request as the proxy takes it, its record filled in. Raises ClientError."""
         endpoint = self.endpoint
         headers = asgi.header_map(scope)
-        agent = gw.agents.resolve(headers)
-        record.agent = agent.name
+        named = gw.agents.named(headers)  # a bad key is 401 before the body is read
+        if named is not None:
+            record.agent = named.name
         body = await asgi.read_body(receive, headers.get("content-length"), gw.config.gateway.max_body_bytes)
         payload = _json(body)
         parsed = parse_body(endpoint, payload)
+        agent = gw.agents.settle(named, parsed.model)
+        record.agent = agent.name
         record.requested_model, record.stream = parsed.model, parsed.stream
         models = resolve_models(gw.config, agent, parsed.model)
         features = build_features(endpoint, agent, models, parsed, headers, gw.next_seq())

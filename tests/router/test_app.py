@@ -163,9 +163,23 @@ def test_agent_resolution_without_keys(gateway_server: Gw, fake_server: Any) -> 
         assert planner.chat.completions.create(model="big", messages=USER).model == "big"
     with _sdk(gw.url, default_headers={"X-Agent": "ghost"}) as ghost, pytest.raises(openai.AuthenticationError):
         ghost.models.list()
+        # `model: <agent>` names the agent where the caller named none
+        r = default.chat.completions.with_raw_response.create(model="planner", messages=USER, max_tokens=1)
+        assert r.headers["x-chimera-backend"] in ("s", "b")
+        assert {default.chat.completions.create(model="planner", messages=USER).model for _ in range(4)} == {
+            "small",
+            "big",
+        }  # planner's two models, not chat's one
+        with pytest.raises(openai.NotFoundError):  # X-Agent names the caller: another agent is no model of its
+            planner.chat.completions.create(model="chat", messages=USER)
+        assert planner.chat.completions.create(model="planner", messages=USER).model in ("small", "big")
     gw2 = gateway_server(make_config(backends, agents=agents))  # no default_agent, no keys: X-Agent required
-    with _sdk(gw2.url) as nobody, pytest.raises(openai.AuthenticationError):
-        nobody.models.list()
+    with _sdk(gw2.url) as nobody:
+        with pytest.raises(openai.AuthenticationError):
+            nobody.models.list()
+        with pytest.raises(openai.AuthenticationError):
+            nobody.chat.completions.create(model="auto", messages=USER)
+        assert nobody.chat.completions.create(model="chat", messages=USER).model == "small"  # ... or the model
 
 
 def test_fleet_metrics_ready_and_request_log(gateway_server: Gw, two_models: Any, tmp_path: Path) -> None:

@@ -71,6 +71,20 @@ def test_good_config_loads_frozen_with_env_substituted(tmp_path: Path, monkeypat
         ("max_body_bytes: 1000", "max_body_bytes: nope", "3: gateway.max_body_bytes"),
         ("policy: least_kv", "policy: fastest", "2: gateway.policy"),
         ("    priority: 0\n", "    priority: 0\n    on_overload: panic\n", "20: agents[planner].on_overload"),
+        # a boolean is not a number (pydantic's lax mode would read true as 1)
+        ("kv_budget_tokens: 200000", "kv_budget_tokens: true",
+         "12: backends[big-0].kv_budget_tokens: expected a number, not true"),
+        ("sla: {ttft_ms: 800, tpot_ms: 60}", "sla: {ttft_ms: yes, tpot_ms: 60}",
+         "18: agents[planner].sla.ttft_ms: expected a number, not true"),
+        ("    priority: 0\n", "    priority: false\n", "19: agents[planner].priority: expected a number, not false"),
+        # a key given twice (PyYAML would keep the last)
+        ("  max_body_bytes: 1000", "  max_body_bytes: 1000\n  max_body_bytes: 2000",
+         "4: invalid YAML: duplicate key 'max_body_bytes'"),
+        ("    model: qwen2.5-7b\n", "    model: qwen2.5-7b\n    model: qwen2.5-7b\n",
+         "12: invalid YAML: duplicate key 'model'"),
+        # a simulated worker's profile is checked at load, not when `chimera serve` starts it
+        ("    tags: [long]\n", "    tags: [long]\n    sim: {profile: h200-nope}\n",
+         "14: backends[big-0].sim.profile: unknown profile 'h200-nope'"),
     ],
 )  # fmt: skip
 def test_each_mistake_names_file_line_and_key(old: str, new: str, where: str) -> None:
@@ -79,6 +93,29 @@ def test_each_mistake_names_file_line_and_key(old: str, new: str, where: str) ->
         _parse(GOOD.replace(old, new, 1))
     assert str(info.value).startswith("fleet.yaml:" + where), str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_numbers_from_env_vars_and_quoted_strings_are_still_numbers() -> None:
+    text = GOOD.replace("max_body_bytes: 1000", "max_body_bytes: ${BODY}").replace("priority: 0", 'priority: "2"')
+    cfg = _parse(text, {"BODY": "4096"})
+    assert cfg.gateway.max_body_bytes == 4096 and cfg.agent("planner").priority == 2  # type: ignore[attr-defined]
+
+
+def test_sims_sharing_a_gpu_need_one_speedup() -> None:
+    sims = GOOD.replace(
+        "    kv_budget_tokens: 400000\n",
+        "    kv_budget_tokens: 400000\n    gpu: 0\n    sim: {profile: h200-qwen2.5-1.5b, speedup: 2}\n",
+    )
+    sims = sims.replace("    tags: [long]\n", "    tags: [long]\n    gpu: 0\n    sim: {profile: h200-qwen2.5-7b}\n")
+    with pytest.raises(ConfigError) as info:
+        _parse(sims)
+    assert str(info.value).startswith(
+        "fleet.yaml:17: backends[big-0].sim.speedup: simulated workers small-0 and "
+        "big-0 share gpu 0 but not their speedup (2 vs 1)"
+    ), str(info.value)
+    _parse(sims.replace("sim: {profile: h200-qwen2.5-7b}", "sim: {profile: h200-qwen2.5-7b, speedup: 2.0}"))
+    other_gpu = "    gpu: 1\n    sim: {profile: h200-qwen2.5-7b}"
+    _parse(sims.replace("    gpu: 0\n    sim: {profile: h200-qwen2.5-7b}", other_gpu))
 
 
 def test_missing_env_var_names_its_line() -> None:
