@@ -228,8 +228,13 @@ class ProxyResponse:
             while chunk is not None:
                 out = cutter.feed(chunk)
                 if opened.ended:  # the worker's answer is all here: send it with the end of ours, one write
-                    await send({"type": "http.response.body", "body": out + cutter.rest(), "more_body": False})
-                    break
+                    out += cutter.finish()
+                    if cutter.done:
+                        await send({"type": "http.response.body", "body": out, "more_body": False})
+                        break
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    raise _unfinished(opened.backend, cutter)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                     if rec.ttft_s is None and cutter.content_events(opening_event=opening):
@@ -237,7 +242,10 @@ class ProxyResponse:
                         gw.state.first_token(reservation)
                 chunk = await opened.next_chunk()
             else:
-                await send({"type": "http.response.body", "body": cutter.rest(), "more_body": False})
+                out = cutter.finish()
+                if not cutter.done:
+                    raise _unfinished(opened.backend, cutter)
+                await send({"type": "http.response.body", "body": out, "more_body": False})
         except WorkerError as exc:
             # Too late to retry: the client has part of the answer. Close with an error event.
             rec.outcome, rec.error = "worker_error", type(exc).__name__
@@ -271,6 +279,13 @@ class ProxyResponse:
         first = rec.ttft_s if rec.ttft_s is not None and rec.e2e_s is not None and rec.ttft_s < rec.e2e_s else None
         ttft = None if first is None else first - (call.sent_at - rec.started)
         return Feedback(ttft, timing[1], rec.tpot_s, timing[2])
+
+
+def _unfinished(backend: str, cutter: SSECutter) -> WorkerProtocolError:
+    """A stream that ended without ``data: [DONE]`` (vLLM and OpenAI end every stream with it): cut short, not
+    whole, even where the connection closed cleanly."""
+    cut = f" in the middle of an event ({cutter.dropped} bytes dropped)" if cutter.dropped else ""
+    return WorkerProtocolError(f"worker {backend} ended the stream{cut} without data: [DONE]", backend=backend)
 
 
 async def run_until_disconnect(

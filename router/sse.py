@@ -1,10 +1,10 @@
 """A cheap look at a worker's SSE stream while it is forwarded.
 
 :class:`SSECutter` forwards whole events only (it holds back an incomplete tail until its end
-arrives), so a stream that breaks mid-way can be closed with a clean error event instead of
-leaving half an event for the client's parser. On the way it counts ``data:`` events and keeps
-the ``usage`` of the last event that reports one; it parses JSON only for events that mention
-``"usage"`` with a value, i.e. usually once per stream.
+arrives), so a stream that breaks mid-way, or ends without ``data: [DONE]``, can be closed with a
+clean error event instead of leaving half an event for the client's parser or passing for whole.
+On the way it counts ``data:`` events and keeps the ``usage`` of the last event that reports one;
+it parses JSON only for events that mention ``"usage"`` with a value, i.e. usually once per stream.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class SSECutter:
         self.events = 0  # data events, [DONE] included
         self.done = False  # saw data: [DONE]
         self.usage: dict[str, Any] | None = None
+        self.dropped = 0  # bytes of an unterminated last event that finish() dropped
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes of ``chunk`` (with what was held back) that end at an event boundary."""
@@ -34,12 +35,17 @@ class SSECutter:
             self._observe(out)
         return out
 
-    def rest(self) -> bytes:
-        """What is still held back when the stream ends normally (an unterminated last event)."""
-        out, self._pending = self._pending, b""
-        if out:
+    def finish(self) -> bytes:
+        """What to send when the worker's stream has ended: an unterminated ``data: [DONE]`` completed with its
+        blank line; any other unterminated tail dropped (an SSE parser discards an event cut off before its
+        blank line, and half an event is no answer). The stream is whole only if :attr:`done` after this."""
+        tail, self._pending = self._pending, b""
+        if tail.strip() == b"data: [DONE]":
+            out = tail.rstrip() + b"\n\n"
             self._observe(out)
-        return out
+            return out
+        self.dropped = len(tail.strip())
+        return b""
 
     def content_events(self, *, opening_event: bool) -> int:
         """Data events but [DONE] and (``opening_event``: a chat stream's role-only first event);

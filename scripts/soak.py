@@ -34,6 +34,12 @@ from typing import Any
 import httpx2 as httpx  # the leaner pool: the load generator must outpace the gateway
 import yaml
 
+from backends.transport import WORKER_KEEPALIVE_S
+
+# the gateway keeps idle connections to its workers WORKER_KEEPALIVE_S: descriptors are counted at rest only after
+# those have expired, so that the pool a busier moment opened is not taken for a leak
+REST_S = WORKER_KEEPALIVE_S + 1.5
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -129,7 +135,7 @@ async def soak(url: str, pid: int, rate: float, seconds: float, sample_s: float)
     samples: list[dict[str, float]] = []
     tasks: set[asyncio.Task[None]] = set()
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-    await asyncio.sleep(1.0)  # the calibration's connections are closed: a baseline at rest
+    await asyncio.sleep(REST_S)  # the calibration's connections are closed: a baseline at rest
     fds_idle_before = open_fds(pid)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
         t0 = time.monotonic()
@@ -148,7 +154,7 @@ async def soak(url: str, pid: int, rate: float, seconds: float, sample_s: float)
             await asyncio.sleep(max(0.0, min(next_send, next_sample) - time.monotonic()))
         await asyncio.gather(*tasks)
         elapsed = time.monotonic() - t0
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(REST_S)
     samples.append({"t": round(elapsed, 2), "rss": rss_bytes(pid), "fds": open_fds(pid), "inflight": 0})
     idle = {"before": fds_idle_before, "after": open_fds(pid)}
     return {"counts": counts, "samples": samples, "elapsed": elapsed, "fds_idle": idle}

@@ -9,6 +9,8 @@ gateway abandoned the request (it watches for ``http.disconnect``):
     stall        reads the request, then never answers (until the gateway hangs up)
     stall_mid    streams ``break_after`` chunks, then goes silent
     die_mid      streams ``break_after`` chunks, then drops the connection
+    end_mid      streams ``break_after`` chunks, then ends the response cleanly, without ``data: [DONE]``
+    half_mid     streams ``break_after`` chunks and half an event, then ends cleanly
 """
 
 from __future__ import annotations
@@ -98,6 +100,10 @@ class FakeWorker:
                     return
                 if i == self.break_after and self.mode == "die_mid":
                     raise WorkerDied
+                if i == self.break_after and self.mode in ("end_mid", "half_mid"):
+                    tail = b'data: {"id": "x", "object": "chu' if self.mode == "half_mid" else b""
+                    await send({"type": "http.response.body", "body": tail, "more_body": False})
+                    return
                 if watcher.done():
                     return
                 delta = {"content": f"w{i} "} if chat else None

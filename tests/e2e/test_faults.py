@@ -4,6 +4,7 @@ abandoned (cancelled) the upstream request."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Callable
@@ -91,7 +92,7 @@ def test_every_attempt_failing_is_502_or_504(gateway_server: Gw, fake_server: An
     assert sum(len(w.received) for w in workers) == 2  # max_attempts distinct workers, no more
 
 
-@pytest.mark.parametrize("fault", ["die_mid", "stall_mid"])
+@pytest.mark.parametrize("fault", ["die_mid", "stall_mid", "end_mid", "half_mid"])
 def test_stream_breaking_mid_way_ends_with_an_error_event(gateway_server: Gw, fake_server: Any, fault: str) -> None:
     worker = FakeWorker(mode=fault, chunks=6, break_after=2)
     gw = _gateway(gateway_server, [fake_server(worker).url])
@@ -111,7 +112,13 @@ def test_stream_breaking_mid_way_ends_with_an_error_event(gateway_server: Gw, fa
     assert r.status_code == 200 and text.endswith("\n\n")
     last = text.strip().split("\n\n")[-1]
     assert last.startswith('data: {"error": {"message"') and '"code": "upstream_' in last
+    events = [e.removeprefix("data: ") for e in text.strip().split("\n\n")]
+    assert all(isinstance(json.loads(e), dict) for e in events)  # whole events only: half of one is never forwarded
     assert _wait(lambda: _inflight(gw) == [0])
+    if fault in ("end_mid", "half_mid"):  # a clean close without [DONE] is a cut-short answer, not a success
+        assert "without data: [DONE]" in last
+        metrics = httpx.get(gw.url + "/metrics").text
+        assert 'chimera_worker_failures_total{backend="w0",kind="WorkerProtocolError"} 2.0' in metrics, metrics
 
 
 @pytest.mark.parametrize("stream", [False, True])

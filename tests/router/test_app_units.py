@@ -57,17 +57,20 @@ def test_sse_cutter_forwards_whole_events_and_finds_usage() -> None:
         piece = c.feed(stream[i : i + 7])
         assert piece == b"" or piece.endswith(b"\n\n")
         out += piece
-    out += c.rest()
+    out += c.finish()
     assert out == stream
     assert c.events == 4 and c.done
     assert c.usage == {"prompt_tokens": 3, "completion_tokens": 2}
     assert c.content_events(opening_event=True) == 2
 
 
-def test_sse_cutter_holds_back_a_partial_event() -> None:
+def test_sse_cutter_holds_back_a_partial_event_and_drops_it_at_the_end() -> None:
     c = SSECutter()
     assert c.feed(b'data: {"a": 1}\n\ndata: {"b"') == b'data: {"a": 1}\n\n'
-    assert c.rest() == b'data: {"b"'
+    assert c.finish() == b"" and c.dropped == len(b'data: {"b"') and not c.done
+    c = SSECutter()  # an unterminated [DONE] is completed: the answer is whole
+    assert c.feed(b'data: {"a": 1}\n\ndata: [DONE]') == b'data: {"a": 1}\n\n'
+    assert c.finish() == b"data: [DONE]\n\n" and c.done and c.dropped == 0
 
 
 def test_metrics_names_labels_and_sla_violations() -> None:
