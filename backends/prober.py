@@ -6,6 +6,12 @@ parsed by :func:`backends.scrape.parse_vllm_metrics`. A worker whose /health is 
 is bounded by ``probe_timeout_s`` so a stalled worker cannot stall its prober, and rounds follow a
 fixed cadence so a slow probe does not push the next ones back.
 
+A healthy worker's ``GET {url}/v1/models`` is also checked, on its first good probe and then every
+``MODEL_CHECK_S``: a worker that lists models but not the configured ``model`` (started with another
+``--served-model-name``) would answer every request routed to it with a 404 the caller cannot fix, so
+it fails its probes until it serves that name. A worker without a usable /v1/models (an error, not
+JSON) is not held to it.
+
 The outcome goes to ``FleetState.record_probe``; ejection and re-admission are the state's call,
 so active and passive failures are counted in one place.
 """
@@ -27,6 +33,7 @@ from router.state.base import FleetState, ScrapedMetrics
 log = logging.getLogger(__name__)
 
 FIRST_PROBE_SPREAD = 0.25  # the first probe lands within this share of an interval (no lockstep)
+MODEL_CHECK_S = 30.0  # a healthy worker's served model names are checked again this often
 
 
 class Prober:
@@ -48,6 +55,7 @@ class Prober:
         self._rng = rng or random.Random()
         self._tasks: list[asyncio.Task[None]] = []
         self._last_ok: dict[str, bool] = {}
+        self._model_ok_at: dict[str, float] = {}  # when each worker last listed its configured model
 
     async def start(self) -> None:
         if self._tasks:
@@ -70,9 +78,15 @@ class Prober:
             resp = await self._get(backend, "/health")
         except (httpx.HTTPError, TimeoutError) as exc:
             self._note(backend, False, f"/health: {_describe(exc)}")
+            self._model_ok_at.pop(backend.name, None)
             return False, None
         if resp.status_code != 200:
             self._note(backend, False, f"/health answered {resp.status_code}")
+            self._model_ok_at.pop(backend.name, None)  # a restarted worker may serve another model
+            return False, None
+        wrong = await self._wrong_model(backend)
+        if wrong:
+            self._note(backend, False, wrong)
             return False, None
         self._note(backend, True, "")
         try:
@@ -83,6 +97,22 @@ class Prober:
         except (httpx.HTTPError, TimeoutError, WorkerProtocolError) as exc:
             log.debug("worker %s: metrics unavailable: %s", backend.name, _describe(exc))
             return True, None
+
+    async def _wrong_model(self, backend: BackendConfig) -> str:
+        """Why the worker does not serve its configured model ("" where it does, or cannot tell)."""
+        now = asyncio.get_running_loop().time()
+        checked = self._model_ok_at.get(backend.name)
+        if checked is not None and now - checked < MODEL_CHECK_S:
+            return ""
+        try:
+            resp = await self._get(backend, "/v1/models")
+            ids = [m["id"] for m in resp.json()["data"]] if resp.status_code == 200 else None
+        except (httpx.HTTPError, TimeoutError, ValueError, KeyError, TypeError):
+            ids = None
+        if ids is not None and backend.model not in ids:
+            return f"/v1/models lists {ids}, not the configured model {backend.model!r} (its --served-model-name?)"
+        self._model_ok_at[backend.name] = now
+        return ""
 
     async def _run(self, backend: BackendConfig) -> None:
         interval = self._health.probe_interval_s

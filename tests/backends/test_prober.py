@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from backends.prober import Prober
@@ -48,6 +48,7 @@ class FakeWorker:
     metrics_status: int = 200
     metrics_text: str = METRICS
     health_hits: int = 0
+    models: list[str] | None = field(default_factory=lambda: ["m"])  # /v1/models; None: 404
     shutting_down: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -63,7 +64,12 @@ def _app(w: FakeWorker) -> Starlette:
     async def metrics(_: Request) -> Response:
         return PlainTextResponse(w.metrics_text, status_code=w.metrics_status)
 
-    return Starlette(routes=[Route("/health", health), Route("/metrics", metrics)])
+    async def models(_: Request) -> Response:
+        if w.models is None:
+            return Response(status_code=404)
+        return JSONResponse({"object": "list", "data": [{"id": m, "object": "model"} for m in w.models]})
+
+    return Starlette(routes=[Route("/health", health), Route("/metrics", metrics), Route("/v1/models", models)])
 
 
 def _free_socket() -> socket.socket:
@@ -137,6 +143,26 @@ async def test_probe_once_healthy_but_metrics_unavailable(
     b = _backend("w", worker.url)
     prober, _ = _prober([b], client)
     assert await prober.probe_once(b) == (True, None)
+
+
+async def test_a_worker_serving_another_model_name_fails_its_probes(
+    worker: FakeWorker, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Started with another --served-model-name, a worker would 404 every request routed to it."""
+    b = _backend("w", worker.url)
+    prober, _ = _prober([b], client)
+    worker.models = ["Qwen/Qwen2.5-1.5B-Instruct"]
+    assert await prober.probe_once(b) == (False, None)
+    assert "not the configured model 'm'" in caplog.text
+    worker.models = ["m", "m-lora"]  # fixed: healthy at the next probe
+    ok, m = await prober.probe_once(b)
+    assert ok and m is not None
+    worker.models = ["other"]  # checked again only every MODEL_CHECK_S
+    assert (await prober.probe_once(b))[0]
+    monkeypatch.setattr("backends.prober.MODEL_CHECK_S", 0.0)
+    assert not (await prober.probe_once(b))[0]
+    worker.models = None  # no /v1/models at all (not vLLM): not held to it
+    assert (await prober.probe_once(b))[0]
 
 
 async def test_probe_once_unhealthy_status(worker: FakeWorker, client: httpx.AsyncClient) -> None:

@@ -58,6 +58,9 @@ class FakeWorker:
             text = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.0\n"
             await _respond(send, 200, text, b"text/plain")
             return
+        if scope["method"] != "POST":  # e.g. the prober's GET /v1/models: like a server that is not vLLM
+            await _respond(send, 404, b'{"error": {"message": "not found"}}')
+            return
         body = b""
         while True:
             msg = await receive()
