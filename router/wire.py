@@ -10,6 +10,13 @@ until the end of the event loop's current pass, whichever comes first: nothing w
 pass of the loop, and what is written keeps its order.
 
     uvicorn.run(app, http=HeadFirstProtocol)
+
+It also bounds how long a client may take to send a request (:data:`REQUEST_IDLE_S` without a byte of
+its head or body): uvicorn has no such limit, so a client that opens connections and trickles
+their heads (slowloris) or stops half-way through a body could hold the gateway's sockets forever.
+A head cut off that way is answered 408 and the connection closed; a body, by closing the
+connection (the request then ends as a client disconnect, 499). Between requests uvicorn's own
+keep-alive timeout applies.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 _HEAD = b"HTTP/1.1 "  # how every response head uvicorn writes starts (its STATUS_LINE table)
+REQUEST_IDLE_S = 30.0  # the longest a request's head or body may go without a byte (nginx's client_*_timeout)
+_TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
 
 class HeadHoldingTransport:
@@ -62,11 +71,61 @@ class HeadHoldingTransport:
 
 
 class HeadFirstProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol over a :class:`HeadHoldingTransport`."""
+    """uvicorn's httptools protocol over a :class:`HeadHoldingTransport`, with a deadline on reading
+    each request (:data:`REQUEST_IDLE_S` without progress)."""
+
+    idle_s = REQUEST_IDLE_S
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         holding = HeadHoldingTransport(transport, self.loop)
         super().connection_made(holding)  # type: ignore[arg-type]
+        # One timer per connection, not per request: it checks the request being read when it fires and
+        # re-arms itself for the rest of the allowance, so a busy keep-alive connection costs one timer
+        # per REQUEST_IDLE_S, and a request only a few attribute stores.
+        self._reading = True  # a request's head or body is (or may be) still coming
+        self._in_head = True  # ... its head
+        self._read_at = self.loop.time()  # its last progress
+        self._read_timer: asyncio.TimerHandle | None = self.loop.call_later(self.idle_s, self._read_idle)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._reading = self._in_head = True
+        self._read_at = self.loop.time()
+        if self._read_timer is None:
+            self._read_timer = self.loop.call_later(self.idle_s, self._read_idle)
+
+    def on_headers_complete(self) -> None:
+        self._in_head, self._read_at = False, self.loop.time()
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._read_at = self.loop.time()
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._reading = False
+        super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+        super().connection_lost(exc)
+
+    def _read_idle(self) -> None:
+        """The timer: gone where no request is being read (the next one arms it again), re-armed for the
+        rest of the allowance where the request made progress (or the app is not reading its body yet),
+        else the connection is closed."""
+        self._read_timer = None
+        if not self._reading or self.transport.is_closing():
+            return
+        waited = self.loop.time() - self._read_at
+        if waited < self.idle_s or self.flow.read_paused:
+            self._read_timer = self.loop.call_later(max(self.idle_s - waited, 0.001), self._read_idle)
+            return
+        if self._in_head and (self.cycle is None or self.cycle.response_complete):  # no app has it yet
+            self.transport.write(_TIMEOUT_408)
+        self.transport.close()
 
 
 # How the gateway's uvicorn server runs, for `chimera serve` and the bench's gateway processes alike:

@@ -116,3 +116,48 @@ def test_clients_hanging_up_mid_stream_at_random_points(gateway_server: Gw, fake
     assert 'status="499"' in metrics and 'status="5' not in metrics
     r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 200  # and the gateway serves on
+
+
+class _QuickIdle(HeadFirstProtocol):
+    idle_s = 0.4  # the gateway's protocol with the read deadline of a test (REQUEST_IDLE_S is 30 s)
+
+
+def _recv_all(sock: socket.socket, within_s: float) -> tuple[bytes, float]:
+    """What the server sends until it closes the connection, and how long that took."""
+    sock.settimeout(within_s)
+    t0, got = time.monotonic(), b""
+    while chunk := sock.recv(4096):
+        got += chunk
+    return got, time.monotonic() - t0
+
+
+def test_slow_clients_are_cut_off_after_the_read_deadline_and_slow_progress_is_not() -> None:
+    """Slowloris: a head or a body trickled, or stopped half-way, holds no socket past the deadline."""
+    cfg = fuzz_config("round_robin")
+    with ServerThread(create_app(cfg, http_client=fast_client(), probe=False), http=_QuickIdle) as gw:
+        addr = ("127.0.0.1", gw.port)
+        with socket.create_connection(addr) as s:  # half a head, then silence: 408, closed
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
+            got, took = _recv_all(s, 5)
+        assert got.startswith(b"HTTP/1.1 408") and 0.3 < took < 2, (got, took)
+        with socket.create_connection(addr) as s:  # nothing at all: closed
+            got, took = _recv_all(s, 5)
+        assert took < 2
+        body = b'{"model": "auto", "prompt": "hello there"}'
+        head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"authorization: " + AUTH["authorization"].encode() + b"\r\n"
+                b"content-length: " + str(len(body)).encode() + b"\r\n\r\n")  # fmt: skip
+        with socket.create_connection(addr) as s:  # the head, half the body, silence: closed
+            s.sendall(head + body[:10])
+            got, took = _recv_all(s, 5)
+        assert got == b"" and 0.3 < took < 2, (got, took)
+        with socket.create_connection(addr) as s:  # a byte every 0.05 s (2 s, five deadlines): it goes on
+            s.sendall(head)
+            for i in range(len(body)):
+                time.sleep(0.05)
+                s.sendall(body[i : i + 1])
+            s.settimeout(5)
+            answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        fleet_now = httpx.get(gw.url + "/fleet").json()
+        assert all(b["inflight_requests"] == 0 for b in fleet_now["backends"])
