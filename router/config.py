@@ -241,6 +241,12 @@ class GatewayConfig(_Frozen):
         parts = urlsplit(v)
         if parts.scheme not in ("redis", "rediss", "unix") or not (parts.hostname or parts.path):
             raise ValueError(f"state must be 'memory' or a redis:// URL, not {v!r}")
+        from router.state.options import check_redis_url
+
+        try:
+            check_redis_url(v)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None
         return v
 
 

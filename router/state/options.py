@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -46,3 +47,22 @@ def redis_options(url: str) -> RedisOptions:
         if kind is float and not ours[field] > 0:
             raise ConfigError(f"{key} in the state URL must be positive", key="gateway.state")
     return RedisOptions(url=urlunsplit(parts._replace(query=urlencode(rest))), **ours)
+
+
+def check_redis_url(url: str) -> RedisOptions:
+    """:func:`redis_options`, and redis-py's own reading of the rest of the URL (its host, port, database and
+    query keys: a typo such as ``?prefx=a`` would otherwise fail only when the gateway starts). Builds a
+    connection object without connecting. Raises ConfigError."""
+    options = redis_options(url)
+    import redis.asyncio
+
+    try:
+        redis.asyncio.ConnectionPool.from_url(options.url).make_connection()  # type: ignore[no-untyped-call]
+    except TypeError as exc:  # redis-py passes unknown query keys on to its connection class
+        unknown = re.search(r"keyword argument '([^']+)'", str(exc))
+        what = f"unknown key {unknown.group(1)!r}" if unknown else str(exc)
+        raise ConfigError(f"{what} in the state URL (ours: {', '.join(_KEYS)}; else redis-py's)",
+                          key="gateway.state") from None  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(f"state URL: {exc}", key="gateway.state") from None
+    return options

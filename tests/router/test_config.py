@@ -82,6 +82,13 @@ def test_good_config_loads_frozen_with_env_substituted(tmp_path: Path, monkeypat
          "4: invalid YAML: duplicate key 'max_body_bytes'"),
         ("    model: qwen2.5-7b\n", "    model: qwen2.5-7b\n    model: qwen2.5-7b\n",
          "12: invalid YAML: duplicate key 'model'"),
+        # the state URL as redis-py reads it, at load rather than when the gateway starts
+        ("  policy: least_kv\n", "  policy: least_kv\n  state: redis://127.0.0.1:notaport/0\n",
+         "3: gateway.state: state URL: Port could not be cast"),
+        ("  policy: least_kv\n", "  policy: least_kv\n  state: redis://127.0.0.1:6379/0?prefx=a\n",
+         "3: gateway.state: unknown key 'prefx' in the state URL"),
+        ("  policy: least_kv\n", "  policy: least_kv\n  state: redis://127.0.0.1:6379/0?lease_ttl_s=abc\n",
+         "3: gateway.state: lease_ttl_s='abc' in the state URL is not a number"),
         # a simulated worker's profile is checked at load, not when `chimera serve` starts it
         ("    tags: [long]\n", "    tags: [long]\n    sim: {profile: h200-nope}\n",
          "14: backends[big-0].sim.profile: unknown profile 'h200-nope'"),
@@ -99,6 +106,12 @@ def test_numbers_from_env_vars_and_quoted_strings_are_still_numbers() -> None:
     text = GOOD.replace("max_body_bytes: 1000", "max_body_bytes: ${BODY}").replace("priority: 0", 'priority: "2"')
     cfg = _parse(text, {"BODY": "4096"})
     assert cfg.gateway.max_body_bytes == 4096 and cfg.agent("planner").priority == 2  # type: ignore[attr-defined]
+
+
+def test_a_good_state_url_with_redis_py_options_loads() -> None:
+    url = "redis://127.0.0.1:6379/0?prefix=p&lease_ttl_s=5&socket_timeout=0.5"
+    cfg = _parse(GOOD.replace("  policy: least_kv\n", f"  policy: least_kv\n  state: {url}\n"))
+    assert cfg.gateway.state == url  # type: ignore[attr-defined]
 
 
 def test_sims_sharing_a_gpu_need_one_speedup() -> None:

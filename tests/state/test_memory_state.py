@@ -12,7 +12,7 @@ from router.errors import ConfigError
 from router.state import create_state
 from router.state.base import FleetState, Reservation, ScrapedMetrics
 from router.state.memory import MemoryFleetState
-from router.state.options import RedisOptions
+from router.state.options import RedisOptions, redis_options
 from router.state.redis_state import RedisFleetState
 from router.types import BackendView
 from tests.redisutil import SHARED_URL, redis_prefix
@@ -361,8 +361,8 @@ def test_create_state_redis_reads_its_options_from_the_url() -> None:
     assert isinstance(st, RedisFleetState) and st.kind == "redis" and st.replica_id == "r1"
     assert st._opts == RedisOptions("redis://127.0.0.1:6379/3?health_check_interval=5", prefix="p1", lease_ttl_s=2.5,
                                     replica_id="r1")  # fmt: skip
-    with pytest.raises(ConfigError, match="lease_ttl_s='x'") as ei:
-        create_state(_config("redis://127.0.0.1:6379/0?lease_ttl_s=x"))
+    with pytest.raises(ConfigError, match="lease_ttl_s='x'") as ei:  # (a config with it does not load)
+        redis_options("redis://127.0.0.1:6379/0?lease_ttl_s=x")
     assert ei.value.key == "gateway.state"
 
 
