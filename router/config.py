@@ -380,7 +380,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_ENV_RE = re.compile(r"(\$?)\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")  # $${VAR}: a literal ${VAR}
 _PLACEHOLDER = "__chimera_env_{}__"
 _PLACEHOLDER_RE = re.compile(r"__chimera_env_(\d+)__")
 
@@ -402,7 +402,11 @@ def parse_config(text: str, *, file: str = "<config>", env: Mapping[str, str]) -
     values: list[str] = []
 
     def _sub(m: re.Match[str]) -> str:
-        var, default = m.group(1), m.group(2)
+        if m.group(1):  # $${VAR} stands for the text ${VAR}
+            return m.group(0)[1:]
+        if _in_comment(text, m.start()):  # `# admin_key: ${ADMIN_KEY}` needs no ADMIN_KEY
+            return m.group(0)
+        var, default = m.group(2), m.group(3)
         if var in env:
             values.append(env[var])
         elif default is not None:
@@ -441,6 +445,23 @@ def parse_config(text: str, *, file: str = "<config>", env: Mapping[str, str]) -
             msg = "unknown key"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ConfigError(msg + more, file=file, line=_nearest_line(lines, loc), key=_dotted(loc, data)) from exc
+
+
+def _in_comment(text: str, pos: int) -> bool:
+    """Whether ``pos`` is inside a YAML comment: after a ``#`` that starts its line or follows a blank,
+    outside a quoted scalar (a good approximation of YAML's rule, for one line)."""
+    quote = ""
+    prev = " "
+    for ch in text[text.rfind("\n", 0, pos) + 1 : pos]:
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"" and prev in " \t[{,:":  # a quoted scalar opens there (not the ' of "it's")
+            quote = ch
+        elif ch == "#" and prev in " \t":
+            return True
+        prev = ch
+    return False
 
 
 def _unmask(obj: Any, values: list[str]) -> Any:

@@ -142,6 +142,17 @@ def test_env_value_cannot_change_the_yaml_shape() -> None:
     assert cfg.agents[0].api_keys == ("a, b]: {x",)  # type: ignore[attr-defined]
 
 
+def test_env_vars_in_comments_are_left_alone_and_double_dollar_is_literal() -> None:
+    text = GOOD.replace("  policy: least_kv\n", "  policy: least_kv   # or ${POLICY}\n  # admin_key: ${ADMIN_KEY}\n")
+    text = text.replace("  - name: coder\n", "  - name: coder  # '${NOT_A_QUOTE} # ${ALSO_NOT}\n")
+    text = text.replace("  max_body_bytes: 1000\n", "  max_body_bytes: 1000\n  request_log: it's.jsonl  # ${NOPE}\n")
+    text = text.replace('["${CODER_KEY:-coder-default}"]', '["$${CODER_KEY}", "k#${CODER_KEY:-x}"]')
+    cfg = _parse(text)  # POLICY, ADMIN_KEY, NOT_A_QUOTE, ALSO_NOT unset: only in comments
+    assert cfg.agent("coder").api_keys == ("${CODER_KEY}", "k#x")  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="MISSING"):  # a quoted '#' starts no comment
+        _parse(GOOD.replace("max_body_bytes: 1000", "max_body_bytes: 1000\n  request_log: '#${MISSING}'"))
+
+
 def test_default_agent_rules() -> None:
     no_keys = "\n".join(line for line in GOOD.splitlines() if "api_keys" not in line)
     cfg = _parse(no_keys.replace("  policy: least_kv", "  policy: least_kv\n  default_agent: coder"))
