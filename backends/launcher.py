@@ -59,8 +59,8 @@ class WorkerPlan:
         return self.backend.name
 
     def shell(self) -> str:
-        """The command as one line a user could paste into a shell."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        """The command as one line a user could paste into a shell (the worker's API key shown as ***)."""
+        env = " ".join(f"{k}={'***' if k == 'VLLM_API_KEY' else shlex.quote(v)}" for k, v in self.env.items())
         return f"{env} {shlex.join(self.argv)}".strip()
 
 
@@ -145,7 +145,8 @@ def plan_workers(cfg: Config, *, python: str = sys.executable, log_dir: str | Pa
         plans.append(WorkerPlan(
             backend=b, argv=tuple(argv), log_path=Path(log_dir) / f"{b.name}.log",
             # one compile cache per worker: two processes writing one cache race on its files
-            env={"CUDA_VISIBLE_DEVICES": device, "VLLM_CACHE_ROOT": f"{cache_root}/chimera-{b.name}"},
+            env={"CUDA_VISIBLE_DEVICES": device, "VLLM_CACHE_ROOT": f"{cache_root}/chimera-{b.name}",
+                 **({"VLLM_API_KEY": b.api_key} if b.api_key else {})},  # (vLLM's env var: not in `ps`)
         ))  # fmt: skip
     return plans
 

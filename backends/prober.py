@@ -105,7 +105,8 @@ class Prober:
         if checked is not None and now - checked < MODEL_CHECK_S:
             return ""
         try:
-            resp = await self._get(backend, "/v1/models")
+            auth = {"authorization": "Bearer " + backend.api_key} if backend.api_key else None
+            resp = await self._get(backend, "/v1/models", auth)
             ids = [m["id"] for m in resp.json()["data"]] if resp.status_code == 200 else None
         except (httpx.HTTPError, TimeoutError, ValueError, KeyError, TypeError):
             ids = None
@@ -134,11 +135,11 @@ class Prober:
                 next_at = now + interval - (now - next_at) % interval
             await asyncio.sleep(next_at - now)
 
-    async def _get(self, backend: BackendConfig, path: str) -> httpx.Response:
+    async def _get(self, backend: BackendConfig, path: str, headers: dict[str, str] | None = None) -> httpx.Response:
         timeout = self._health.probe_timeout_s
         # httpx's timeout applies per phase (connect, read...); asyncio.timeout bounds the total.
         async with asyncio.timeout(timeout):
-            return await self._client.get(backend.url + path, timeout=timeout)
+            return await self._client.get(backend.url + path, timeout=timeout, headers=headers)
 
     def _note(self, backend: BackendConfig, ok: bool, why: str) -> None:
         """Log probe outcome changes only, so a dead worker does not flood the log."""

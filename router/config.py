@@ -87,6 +87,14 @@ class BackendConfig(_Frozen):
     # what the worker runs (vLLM's --scheduling-policy); under "priority" the gateway sends each request's
     # priority in its body (router.priority), and `chimera serve` / `chimera workers up` start it that way
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    # the worker's own API key (vLLM's --api-key / VLLM_API_KEY): sent as `Authorization: Bearer` on every
+    # request the gateway makes to it (never the caller's key), and given to the vLLM `chimera workers up` starts
+    api_key: str | None = None
+
+    @field_validator("api_key")
+    @classmethod
+    def _empty_api_key_is_none(cls, v: str | None) -> str | None:
+        return v or None  # `${WORKER_KEY:-}` left empty: no key
 
     @field_validator("url")
     @classmethod
@@ -98,6 +106,8 @@ class BackendConfig(_Frozen):
             parts.port  # noqa: B018  (raises on a bad port)
         except ValueError as exc:
             raise ValueError(f"bad port in URL {v!r}") from exc
+        if parts.port == 0:
+            raise ValueError(f"port 0 in URL {v!r}")
         if parts.path not in ("", "/") or parts.query or parts.fragment:
             raise ValueError(f"URL must be scheme://host:port without a path: {v!r}")
         return v.rstrip("/")

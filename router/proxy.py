@@ -155,6 +155,8 @@ class ProxyResponse:
         assert backend is not None and view is not None
         headers = {"content-type": "application/json", "accept-encoding": "identity",
                    "x-request-id": call.request_id}  # fmt: skip
+        if backend.api_key is not None:  # the worker's own key (vLLM --api-key), never the caller's
+            headers["authorization"] = "Bearer " + backend.api_key
         # a streamed request's uncached prompt is the worker's prefill backlog until its first token shows
         reserved, prefill = reserved_tokens(call.features, call.predicted_output), prefill_tokens(call.features, name)
         reservation = await gw.state.reserve(name, reserved, prefill)

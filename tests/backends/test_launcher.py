@@ -95,6 +95,15 @@ def test_plan_pins_gpu_fixes_kv_and_shares_memory(tmp_path: Path) -> None:
     assert a.shell().startswith("CUDA_VISIBLE_DEVICES=6 VLLM_CACHE_ROOT=/c/chimera-a py -m vllm.")
 
 
+def test_a_backend_api_key_reaches_vllm_through_its_env_not_its_command_line(tmp_path: Path) -> None:
+    path = write_config(tmp_path, [{"name": "a", "port": 8001, "model": "qa"}])
+    keyed = path.read_text().replace("    max_model_len: 4096\n", "    max_model_len: 4096\n    api_key: wk-1\n")
+    path.write_text(keyed)
+    (plan,) = plan_workers(load_config(path), python="py", log_dir=tmp_path, env={})
+    assert plan.env["VLLM_API_KEY"] == "wk-1" and "wk-1" not in " ".join(plan.argv)
+    assert "VLLM_API_KEY=***" in plan.shell() and "wk-1" not in plan.shell()
+
+
 def test_kv_capacity_parsers() -> None:
     metrics = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
                'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="18724",'

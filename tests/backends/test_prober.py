@@ -49,6 +49,7 @@ class FakeWorker:
     metrics_text: str = METRICS
     health_hits: int = 0
     models: list[str] | None = field(default_factory=lambda: ["m"])  # /v1/models; None: 404
+    models_auth: list[str | None] = field(default_factory=list)  # the Authorization each /v1/models call sent
     shutting_down: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -64,7 +65,8 @@ def _app(w: FakeWorker) -> Starlette:
     async def metrics(_: Request) -> Response:
         return PlainTextResponse(w.metrics_text, status_code=w.metrics_status)
 
-    async def models(_: Request) -> Response:
+    async def models(request: Request) -> Response:
+        w.models_auth.append(request.headers.get("authorization"))
         if w.models is None:
             return Response(status_code=404)
         return JSONResponse({"object": "list", "data": [{"id": m, "object": "model"} for m in w.models]})
@@ -163,6 +165,10 @@ async def test_a_worker_serving_another_model_name_fails_its_probes(
     assert not (await prober.probe_once(b))[0]
     worker.models = None  # no /v1/models at all (not vLLM): not held to it
     assert (await prober.probe_once(b))[0]
+    assert set(worker.models_auth) == {None}
+    keyed = BackendConfig(name="k", url=worker.url, model="m", kv_budget_tokens=1000, api_key="wk-1")
+    await prober.probe_once(keyed)
+    assert worker.models_auth[-1] == "Bearer wk-1"  # vLLM's --api-key guards /v1/*
 
 
 async def test_probe_once_unhealthy_status(worker: FakeWorker, client: httpx.AsyncClient) -> None:

@@ -63,6 +63,21 @@ def test_success_carries_headers_usage_and_unknown_fields(gateway_server: Gw, tw
     assert big.headers[0]["x-request-id"] == "req-42"
 
 
+def test_a_backend_api_key_is_sent_to_that_worker_only(gateway_server: Gw, fake_server: Any) -> None:
+    keyed, open_ = FakeWorker(model="small"), FakeWorker(model="big")
+    cfg = make_config(
+        [{"name": "s0", "url": fake_server(keyed).url, "model": "small", "api_key": "wk-1"},
+         {"name": "b0", "url": fake_server(open_).url, "model": "big", "api_key": ""}],  # "": no key
+        agents=[{"name": "planner", "api_keys": ["pk"], "models": ["big", "small"]}],
+    )  # fmt: skip
+    gw = gateway_server(cfg)
+    with _sdk(gw.url, "pk") as client:
+        client.chat.completions.create(model="small", messages=USER, max_tokens=1)
+        client.chat.completions.create(model="big", messages=USER, max_tokens=1, stream=True).close()
+    assert keyed.headers[0]["authorization"] == "Bearer wk-1"  # the worker's key, not the caller's pk
+    assert "authorization" not in open_.headers[0]
+
+
 def test_auto_and_agent_name_route_within_the_agent_models(gateway_server: Gw, two_models: Any) -> None:
     small, big, cfg = two_models
     gw = gateway_server(cfg)
