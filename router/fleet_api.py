@@ -27,7 +27,8 @@ async def ready(request: Request) -> JSONResponse:
     snapshot = gateway_of(request).state.snapshot()
     up = [b.name for b in snapshot.backends if b.healthy and b.last_success_age_s is not None]
     if not up:
-        raise NoHealthyWorker("no worker is healthy yet")
+        answered = any(b.last_success_age_s is not None for b in snapshot.backends)
+        raise NoHealthyWorker("no worker is healthy" if answered else "no worker is healthy yet")
     return JSONResponse({"status": "ready", "healthy_backends": up})
 
 

@@ -159,7 +159,12 @@ def test_503_when_no_worker_is_healthy(gateway_server: Gw, fake_server: Any) -> 
         client.chat.completions.create(model="auto", messages=USER)
     assert info.value.status_code == 503 and info.value.code == "no_healthy_worker"
     assert info.value.response.headers["retry-after"] == "1"
-    assert httpx.get(gw.url + "/ready").status_code == 503
+    r = httpx.get(gw.url + "/ready")
+    assert r.status_code == 503 and r.json()["error"]["message"] == "no worker is healthy yet"
+    asyncio.run(state.record_probe("a", True, None))  # it answered once, then failed: not "yet"
+    asyncio.run(state.record_probe("a", False, None))
+    r = httpx.get(gw.url + "/ready")
+    assert r.status_code == 503 and r.json()["error"]["message"] == "no worker is healthy"
     assert httpx.get(gw.url + "/health").json() == {"status": "ok"}
     assert not w.received
 
