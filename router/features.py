@@ -29,6 +29,7 @@ class ParsedBody:
     max_tokens: int | None
     prompt_tokens: int
     message_count: int
+    sequences: int = 1  # answers generated: n x (the prompts of a batched completion)
 
 
 def parse_body(endpoint: Endpoint, body: Any) -> ParsedBody:
@@ -44,11 +45,16 @@ def parse_body(endpoint: Endpoint, body: Any) -> ParsedBody:
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest("stream must be a boolean", param="stream", code="invalid_type")
     max_tokens = _max_tokens(body)
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise BadRequest("n must be a positive integer", param="n", code="invalid_type")
     if endpoint == "chat":
         prompt_tokens, count = _messages_tokens(body.get("messages"))
+        sequences = n or 1
     else:
         prompt_tokens, count = _prompt_tokens(body.get("prompt"))
-    return ParsedBody(model, bool(stream), max_tokens, prompt_tokens, count)
+        sequences = (n or 1) * count  # vLLM answers each prompt of the batch n times
+    return ParsedBody(model, bool(stream), max_tokens, prompt_tokens, count, sequences)
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
@@ -165,6 +171,7 @@ def build_features(
         max_tokens=parsed.max_tokens,
         stream=parsed.stream,
         message_count=parsed.message_count,
+        sequences=parsed.sequences,
         seq=seq,
         priority=agent.priority if priority is None else max(agent.priority, priority),
         ttft_slo_ms=_tighter(_header_float(headers, "x-slo-ttft-ms"), agent.sla.ttft_ms),
@@ -188,8 +195,9 @@ def prefill_tokens(features: RequestFeatures, backend: str) -> int:
 
 def reserved_tokens(features: RequestFeatures, predicted_output: float | None = None) -> int:
     """KV tokens a dispatched request claims: its prompt plus its output cap (or a default), or,
-    where the policy predicted the output's length, that prediction (never above the cap)."""
+    where the policy predicted the output's length, that prediction (never above the cap), once per
+    answer it asks for (``n``, and each prompt of a batched completion)."""
     cap = features.max_tokens or DEFAULT_OUTPUT_TOKENS
     if predicted_output is not None and predicted_output > 0:
         cap = min(cap, math.ceil(predicted_output)) if features.max_tokens else math.ceil(predicted_output)
-    return features.prompt_tokens + cap
+    return features.prompt_tokens + features.sequences * cap

@@ -23,6 +23,7 @@ class RequestFeatures:
     max_tokens: int | None
     stream: bool
     message_count: int = 1
+    sequences: int = 1  # answers it asks for: n x (the prompts of a batched completion)
     seq: int = 0  # the gateway's request counter (round_robin uses it, so the policy stays pure)
     priority: int = 1
     ttft_slo_ms: float | None = None

@@ -76,6 +76,9 @@ def test_completion_prompt_shapes(prompt: Any, tokens: int, count: int) -> None:
         ("completions", {"model": "m"}, "prompt"),
         ("completions", {"model": "m", "prompt": {"a": 1}}, "prompt"),
         ("completions", {"model": "m", "prompt": []}, "prompt"),
+        ("chat", {"model": "m", "messages": [{"role": "u"}], "n": 0}, "n"),
+        ("chat", {"model": "m", "messages": [{"role": "u"}], "n": "2"}, "n"),
+        ("completions", {"model": "m", "prompt": "x", "n": True}, "n"),
     ],
 )
 def test_bad_bodies_are_400_naming_the_param(endpoint: Any, body: Any, param: str | None) -> None:
@@ -120,3 +123,16 @@ def test_prefill_tokens_are_the_uncached_prompt_of_a_stream() -> None:
     assert prefill_tokens(f, "w2") == 1000
     assert prefill_tokens(dataclasses.replace(f, prefix_hits={}), "w1") == 1000
     assert prefill_tokens(dataclasses.replace(f, stream=False), "w2") == 0  # no first token marks its end
+
+
+def test_every_answer_asked_for_is_reserved() -> None:
+    """``n`` answers (and each prompt of a batched completion) each take their own output tokens."""
+    chat = parse_body("chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 50})
+    batch = parse_body("completions", {"model": "m", "prompt": ["a b", "c d"], "n": 2, "max_tokens": 50})
+    one = parse_body("completions", {"model": "m", "prompt": "a b", "max_tokens": 50})
+    assert (chat.sequences, batch.sequences, one.sequences) == (3, 4, 1)
+    f = build_features("completions", CHEAP, ("small",), batch, {}, seq=0)
+    assert f.sequences == 4 and reserved_tokens(f) == batch.prompt_tokens + 4 * 50
+    assert reserved_tokens(f, predicted_output=10) == batch.prompt_tokens + 4 * 10
+    f1 = build_features("completions", CHEAP, ("small",), one, {}, seq=0)
+    assert reserved_tokens(f1) == one.prompt_tokens + 50
