@@ -1,4 +1,5 @@
-"""The `chimera` command line. Exit codes: 0 ok, 2 bad input (config, arguments), 1 anything else.
+"""The `chimera` command line. Exit codes: 0 ok, 2 bad input (config, arguments), 1 anything else
+(a port already in use among them: ``chimera: error: cannot listen on HOST:PORT: address already in use``).
 
 A user's mistake is one line on stderr, never a traceback.
 """
@@ -24,6 +25,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"chimera: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _port(text: str) -> int:
+    """argparse type of a TCP port (0: any free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {port}")
+    return port
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="chimera", description="Performance-aware gateway for multi-agent LLM apps.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -31,7 +43,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the gateway (and the simulated workers the config declares)")
     s.add_argument("--config", required=True, help="YAML config file")
     s.add_argument("--host", help="override gateway.host")
-    s.add_argument("--port", type=int, help="override gateway.port")
+    s.add_argument("--port", type=_port, help="override gateway.port")
     s.add_argument("--workers", type=int, default=1, help="gateway processes (share state via Redis)")
     s.add_argument("--no-sims", action="store_true", help="do not start the config's sim: workers")
 
@@ -40,7 +52,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("sim", help="run one simulated vLLM worker")
     m.add_argument("--host", default="127.0.0.1")
-    m.add_argument("--port", type=int, required=True)
+    m.add_argument("--port", type=_port, required=True)
     m.add_argument("--model", help="served model name (default: the profile's)")
     m.add_argument("--profile", default="h200-qwen2.5-1.5b", help="profile name or JSON path")
     m.add_argument("--kv-tokens", type=int, help="KV budget in tokens (default: the profile's)")
@@ -48,10 +60,12 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--max-num-seqs", type=int)
     m.add_argument("--max-num-batched-tokens", type=int)
+    m.add_argument("--max-model-len", type=int, help="as vLLM's: the longest prompt + output (default: the profile's)")
     m.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
                    help="as vLLM's: the waiting queue in arrival order, or by each request's priority")  # fmt: skip
     m.add_argument(
-        "--also", action="append", default=[], metavar="port=P,profile=X[,model=M,kv_tokens=K,seed=S,host=H,...]",
+        "--also", action="append", default=[],
+        metavar="port=P,profile=X[,model=M,kv_tokens=K,max_model_len=L,seed=S,host=H,...]",
         help="another worker on the same GPU, served by this process on one shared GPU clock (repeatable)",
     )  # fmt: skip
 
@@ -122,27 +136,41 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_sim(args: argparse.Namespace) -> int:
     from backends.sim.profile import ProfileError
-    from backends.sim.server import SimSettings, serve
+    from backends.sim.server import serve
 
     try:
-        settings = SimSettings(
-            model=args.model,
-            profile=args.profile,
-            kv_tokens=args.kv_tokens,
-            speedup=args.speedup,
-            seed=args.seed,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            scheduling_policy=args.scheduling_policy,
-        )
-        also = [_sim_also(spec, settings, args.host) for spec in args.also]
+        settings, also = sim_workers(args)
         serve(settings, host=args.host, port=args.port, also=also)
-    except ProfileError as exc:
-        raise ConfigError(str(exc), key="--profile") from exc
+    except ProfileError as exc:  # the flag at fault: --speedup, --kv-tokens, ...; the profile by default
+        raise ConfigError(str(exc), key="--" + (exc.setting or "profile").replace("_", "-")) from exc
     return EXIT_OK
 
 
-_ALSO_INTS = ("port", "kv_tokens", "seed", "max_num_seqs", "max_num_batched_tokens")
+def sim_workers(args: argparse.Namespace) -> tuple[SimSettings, list[tuple[SimSettings, str, int]]]:
+    """`chimera sim`'s arguments as the first worker's settings and its ``--also`` workers ``(settings, host,
+    port)``, each checked: a bad one raises :class:`ProfileError` (first worker) or :class:`ConfigError`."""
+    from backends.sim.server import SimSettings, check_settings
+
+    settings = SimSettings(
+        model=args.model,
+        profile=args.profile,
+        kv_tokens=args.kv_tokens,
+        speedup=args.speedup,
+        seed=args.seed,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        scheduling_policy=args.scheduling_policy,
+        max_model_len=args.max_model_len,
+    )
+    check_settings(settings)
+    also = [_sim_also(spec, settings, args.host) for spec in args.also]
+    ports = [args.port, *(port for _, _, port in also)]
+    if len(set(ports)) != len(ports):
+        raise ConfigError(f"workers sharing a GPU need distinct ports, got {ports}", key="--also")
+    return settings, also
+
+
+_ALSO_INTS = ("port", "kv_tokens", "seed", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
 _ALSO_KEYS = ("host", "model", "profile", "scheduling_policy", *_ALSO_INTS)
 
 
@@ -161,9 +189,16 @@ def _sim_also(spec: str, first: SimSettings, host: str) -> tuple[SimSettings, st
     if "port" not in fields:
         raise ConfigError(f"--also {spec!r} needs a port", key="--also")
     port, host = fields.pop("port"), fields.pop("host", host)
-    from backends.sim.server import SimSettings
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"port must be 0..65535, got {port}", key="--also")
+    from backends.sim.profile import ProfileError
+    from backends.sim.server import SimSettings, check_settings
 
     settings = SimSettings(**{"profile": first.profile, "speedup": first.speedup, **fields})
+    try:
+        check_settings(settings)
+    except ProfileError as exc:
+        raise ConfigError(f"port={port}: {exc}", key="--also") from exc
     return settings, host, port
 
 

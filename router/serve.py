@@ -5,13 +5,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import inspect
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import httpx
 import uvicorn
@@ -19,11 +22,13 @@ from starlette.applications import Starlette
 
 from router.config import BackendConfig, Config, load_config
 from router.errors import ChimeraError
+from router.listen import check_free, listen, where
 from router.logqueue import BatchedLogQueue
 from router.wire import SERVER_OPTIONS
 
 log = logging.getLogger("chimera.serve")
 
+SIM_PID_HEADER = "x-chimera-sim-pid"  # a simulated worker's pid in its /health answer (backends.sim.server)
 CONFIG_ENV = "CHIMERA_CONFIG"  # how `--workers N` hands the config path to each uvicorn worker
 
 
@@ -41,6 +46,7 @@ def sim_command(backend: BackendConfig, *colocated: BackendConfig) -> list[str]:
         "--model", backend.model, "--profile", spec.profile,
         "--speedup", repr(spec.speedup), "--seed", str(spec.seed),
         "--kv-tokens", str(spec.kv_tokens or backend.kv_budget_tokens),
+        "--max-model-len", str(backend.max_model_len),
     ]  # fmt: skip
     if spec.max_num_seqs:
         cmd += ["--max-num-seqs", str(spec.max_num_seqs)]
@@ -55,7 +61,7 @@ def sim_command(backend: BackendConfig, *colocated: BackendConfig) -> list[str]:
             raise ChimeraError(f"simulated workers {backend.name} and {b.name} share gpu {backend.gpu} "
                                f"but not their speedup ({spec.speedup:g} vs {s.speedup:g})")  # fmt: skip
         also = f"port={b.port},host={b.host},model={b.model},profile={s.profile},seed={s.seed}"
-        also += f",kv_tokens={s.kv_tokens or b.kv_budget_tokens}"
+        also += f",kv_tokens={s.kv_tokens or b.kv_budget_tokens},max_model_len={b.max_model_len}"
         if s.max_num_seqs:
             also += f",max_num_seqs={s.max_num_seqs}"
         if s.max_num_batched_tokens:
@@ -89,10 +95,17 @@ def running_sims(
     backends: Sequence[BackendConfig], *, timeout_s: float = 30.0
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Start a `chimera sim` process per group of ``sim:`` backends (:func:`sim_groups`: one per GPU);
-    wait for each one's /health; stop them on exit."""
+    wait for each one's /health; stop them on exit. A port already taken fails here, naming the
+    backend, before any is started (else /health would be answered by whoever holds it)."""
+    groups = sim_groups(backends)
+    for b in (b for group in groups for b in group):
+        try:
+            check_free(b.host, b.port)
+        except ChimeraError as exc:
+            raise ChimeraError(f"simulated worker {b.name}: {exc}") from exc
     procs: list[tuple[list[BackendConfig], subprocess.Popen[bytes]]] = []
     try:
-        for group in sim_groups(backends):
+        for group in groups:
             cmd = sim_command(*group)
             procs.append((group, subprocess.Popen(cmd, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)))
         deadline = time.monotonic() + timeout_s
@@ -130,17 +143,23 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def _wait_healthy(b: BackendConfig, p: subprocess.Popen[bytes], deadline: float) -> None:
+    """Until ``b``'s /health is answered by ``p`` itself (its pid in the answer: another process that took
+    the port in the meantime does not count); raise if ``p`` exits first or time runs out."""
+    foreign = False
     while True:
         if p.poll() is not None:
             err = (p.stderr.read() if p.stderr else b"").decode(errors="replace").strip().splitlines()
             raise ChimeraError(f"simulated worker {b.name} exited: {err[-1] if err else p.returncode}")
         try:
-            if httpx.get(b.url + "/health", timeout=1.0).status_code == 200:
+            r = httpx.get(b.url + "/health", timeout=1.0)
+            if r.status_code == 200 and r.headers.get(SIM_PID_HEADER) == str(p.pid):
                 return
+            foreign = r.status_code == 200
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise ChimeraError(f"simulated worker {b.name} did not become healthy at {b.url}")
+            by = " (another process answers there)" if foreign else ""
+            raise ChimeraError(f"simulated worker {b.name} did not become healthy at {b.url}{by}")
         time.sleep(0.1)
 
 
@@ -200,18 +219,48 @@ def _serve(cfg: Config, *, config_path: str, host: str | None, port: int | None,
 
     host = host or cfg.gateway.host
     port = cfg.gateway.port if port is None else port
+    sockets = listen([(host, port)])  # first: a port already taken fails before the sims start
     if workers > 1 and cfg.gateway.state == "memory":
         log.warning("--workers %d with state: memory — each process keeps its own view of the fleet; "
                     "use a redis:// state to share it", workers)  # fmt: skip
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    with running_sims(cfg.backends if start_sims else ()):
-        log.info(
-            "chimera gateway on http://%s:%d (policy %s, state %s)", host, port, cfg.gateway.policy, cfg.gateway.state
-        )
-        if workers == 1:
-            uvicorn.run(create_app(cfg), host=host, port=port, **SERVER_OPTIONS)
-        else:
-            os.environ[CONFIG_ENV] = os.path.abspath(config_path)
-            uvicorn.run(
-                "router.serve:app_factory", factory=True, host=host, port=port, workers=workers, **SERVER_OPTIONS,
-            )  # fmt: skip
+    try:
+        with running_sims(cfg.backends if start_sims else ()):
+            log.info("chimera gateway on http://%s (policy %s, state %s)", where(host, sockets[0].getsockname()[1]),
+                     cfg.gateway.policy, cfg.gateway.state)  # fmt: skip
+            if workers == 1:
+                _run(uvicorn.Config(create_app(cfg), **SERVER_OPTIONS), sockets)
+            else:
+                os.environ[CONFIG_ENV] = os.path.abspath(config_path)
+                config = uvicorn.Config("router.serve:app_factory", factory=True, workers=workers, **SERVER_OPTIONS)
+                _run_processes(config, sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _run(config: uvicorn.Config, sockets: list[socket.socket]) -> None:
+    """Serve on ``sockets`` in this process until interrupted, as ``uvicorn.run`` would; an app whose
+    start-up fails (uvicorn logs why, then exits with its status 3) is a :class:`ChimeraError`."""
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=sockets)
+    except KeyboardInterrupt:
+        pass
+    except SystemExit as exc:
+        if server.started or exc.code in (None, 0):
+            raise
+        raise ChimeraError("the gateway did not start (its start-up failed: see above)") from None
+
+
+def _run_processes(config: uvicorn.Config, sockets: list[socket.socket]) -> None:
+    """``--workers N``: uvicorn's supervisor, spawning ``config.workers`` processes that share ``sockets``."""
+    from uvicorn.supervisors import Multiprocess
+
+    options: dict[str, Any] = {"sockets": sockets}
+    if "target" in inspect.signature(Multiprocess).parameters:  # uvicorn < 0.36 wants the server's run
+        options["target"] = uvicorn.Server(config).run
+    try:
+        Multiprocess(config, **options).run()
+    except KeyboardInterrupt:
+        pass

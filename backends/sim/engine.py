@@ -204,7 +204,8 @@ class Engine:
             raise ProfileError(
                 f"profile {profile.name}: overhead_s.ttft_jitter ({profile.ttft_jitter_s}) is wider than twice "
                 f"the TTFT constant at speedup {speedup} ({2 * self._ttft_overhead * speedup:.6f}); "
-                "lower the speedup or the jitter"
+                "lower the speedup or the jitter",
+                setting="speedup",
             )
         self._gpu_share = profile.gpu_share
         cg = profile.cudagraph

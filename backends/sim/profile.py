@@ -26,7 +26,13 @@ STEP_FEATURES = ("base", "prefill_tokens", "decode_seqs", "decode_context_tokens
 
 
 class ProfileError(ValueError):
-    """A profile or a simulator setting is unusable; the message is one line."""
+    """A profile or a simulator setting is unusable; the message is one line. ``setting``: the
+    simulator setting at fault (a ``SimSettings`` field, as ``chimera sim`` names its flag), or
+    ``""`` where it is the profile itself."""
+
+    def __init__(self, message: str, *, setting: str = "") -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 @dataclass(frozen=True)
@@ -298,7 +304,7 @@ def _frontend(source: str, raw: dict[str, Any]) -> Frontend | None:
 def positive_int(what: str, value: int | None) -> int | None:
     """Check an optional override; ``None`` passes through."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ProfileError(f"{what} must be a positive integer, got {value!r}")
+        raise ProfileError(f"{what} must be a positive integer, got {value!r}", setting=what)
     return value
 
 

@@ -12,7 +12,7 @@ import gc
 import json
 import logging
 import math
-import socket
+import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +29,8 @@ from backends.sim.gpu import SharedGPU
 from backends.sim.metrics import exposition, make_registry
 from backends.sim.profile import Profile, ProfileError, load_profile, positive_int
 from backends.sim.textgen import VOCAB, draw_answer
+from backends.sim.waiting import make_queue
+from router.listen import listen
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -39,6 +41,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 log = logging.getLogger(__name__)
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
+PID_HEADER = b"x-chimera-sim-pid"
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
@@ -52,26 +55,38 @@ class SimSettings:
     max_num_seqs: int | None = None  # override of the profile's
     max_num_batched_tokens: int | None = None
     scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: fcfs | priority
+    max_model_len: int | None = None  # vLLM's --max-model-len; default = profile's (capped at the KV capacity)
+
+
+def check_settings(settings: SimSettings) -> Profile:
+    """The settings' profile, once the settings are checked against it; raises :class:`ProfileError`
+    (its ``setting`` naming the field at fault) on bad input."""
+    profile = load_profile(settings.profile)
+    if not (isinstance(settings.speedup, int | float) and math.isfinite(settings.speedup) and settings.speedup > 0):
+        raise ProfileError(f"speedup must be a positive number, got {settings.speedup!r}", setting="speedup")
+    if isinstance(settings.seed, bool) or not isinstance(settings.seed, int) or settings.seed < 0:
+        raise ProfileError(f"seed must be a non-negative integer, got {settings.seed!r}", setting="seed")
+    if settings.model is not None and not settings.model:
+        raise ProfileError("model must be a non-empty name", setting="model")
+    kv_tokens = positive_int("kv_tokens", settings.kv_tokens) or profile.kv_budget_tokens
+    if kv_tokens < profile.block_size:
+        raise ProfileError(
+            f"kv_tokens must hold at least one block of {profile.block_size} tokens", setting="kv_tokens"
+        )
+    for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        positive_int(name, getattr(settings, name))
+    make_queue(settings.scheduling_policy)  # raises on an unknown policy
+    return profile
 
 
 def build_engine(settings: SimSettings) -> tuple[Profile, Engine]:
     """Resolve the settings against their profile; raises :class:`ProfileError` on bad input."""
-    profile = load_profile(settings.profile)
-    if not (isinstance(settings.speedup, int | float) and math.isfinite(settings.speedup) and settings.speedup > 0):
-        raise ProfileError(f"speedup must be a positive number, got {settings.speedup!r}")
-    if isinstance(settings.seed, bool) or not isinstance(settings.seed, int) or settings.seed < 0:
-        raise ProfileError(f"seed must be a non-negative integer, got {settings.seed!r}")
-    if settings.model is not None and not settings.model:
-        raise ProfileError("model must be a non-empty name")
-    kv_tokens = positive_int("kv_tokens", settings.kv_tokens) or profile.kv_budget_tokens
-    if kv_tokens < profile.block_size:
-        raise ProfileError(f"kv_tokens must hold at least one block of {profile.block_size} tokens")
+    profile = check_settings(settings)
     engine = Engine(
         profile,
-        kv_tokens=kv_tokens,
-        max_num_seqs=positive_int("max_num_seqs", settings.max_num_seqs) or profile.max_num_seqs,
-        max_num_batched_tokens=positive_int("max_num_batched_tokens", settings.max_num_batched_tokens)
-        or profile.max_num_batched_tokens,
+        kv_tokens=settings.kv_tokens or profile.kv_budget_tokens,
+        max_num_seqs=settings.max_num_seqs or profile.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens or profile.max_num_batched_tokens,
         speedup=float(settings.speedup),
         seed=settings.seed,
         scheduling_policy=settings.scheduling_policy,
@@ -91,9 +106,11 @@ class SimApp:
         self.profile, self.engine = build_engine(settings)
         self.model = settings.model or self.profile.model
         # vLLM refuses to start when max_model_len does not fit the KV cache; the sim caps it instead.
-        self.max_model_len = min(self.profile.max_model_len, self.engine.capacity_tokens)
+        self.max_model_len = min(settings.max_model_len or self.profile.max_model_len, self.engine.capacity_tokens)
         self.registry = make_registry(self.engine, self.model)
         self._created = int(time.time())
+        # which process answers: `chimera serve` checks it is the worker it started, not one already on the port
+        self._health_headers = [*JSON_HEADERS, (PID_HEADER, str(os.getpid()).encode())]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -118,7 +135,7 @@ class SimApp:
             elif method != "GET":
                 raise ApiError(405 if path in ("/health", "/v1/models", "/metrics") else 404, "Method Not Allowed")
             elif path == "/health":
-                await _respond(send, 200, b"", JSON_HEADERS)
+                await _respond(send, 200, b"", self._health_headers)
             elif path == "/metrics":
                 await _respond(send, 200, exposition(self.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())])
             elif path == "/v1/models":
@@ -296,35 +313,19 @@ def serve(settings: SimSettings, host: str, port: int, *, also: Sequence[tuple[S
     """Run one simulated worker until interrupted (blocking).
 
     ``also``: more workers ``(settings, host, port)`` on the same GPU as this one, served by this
-    process on one shared GPU clock (:mod:`backends.sim.gpu`).
+    process on one shared GPU clock (:mod:`backends.sim.gpu`). Bad settings raise
+    :class:`ProfileError`, a port that cannot be listened on :class:`~router.errors.ChimeraError`,
+    both before anything is served.
     """
-    if also:
-        _serve_shared([(settings, host, port), *also])
-        return
-    app = create_app(settings)
+    workers = [(settings, host, port), *also]
+    app = create_app(settings) if not also else create_shared_gpu_app([(s, p) for s, _, p in workers])
+    sockets = listen([(h, p) for _, h, p in workers])
     # The process is ours: keep the long-lived KV-cache tables (up to ~100k entries) out of the
     # cyclic GC's full collections, which otherwise stall the engine for tens of milliseconds.
     gc.freeze()
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        ws="none",
-        lifespan="on",
-        timeout_keep_alive=30,
-    )
-
-
-def _serve_shared(workers: Sequence[tuple[SimSettings, str, int]]) -> None:
-    app = create_shared_gpu_app([(settings, port) for settings, _, port in workers])
-    sockets = []
-    for _, host, port in workers:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sockets.append(sock)
-    gc.freeze()
     config = uvicorn.Config(app, log_level="warning", access_log=False, ws="none", lifespan="on", timeout_keep_alive=30)
-    uvicorn.Server(config).run(sockets=sockets)
+    try:
+        uvicorn.Server(config).run(sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()

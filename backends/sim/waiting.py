@@ -83,4 +83,6 @@ def make_queue(policy: str) -> deque[T] | PriorityQueue[T]:
         return deque()
     if policy == "priority":
         return PriorityQueue()
-    raise ProfileError(f"scheduling policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    raise ProfileError(
+        f"scheduling policy must be one of {', '.join(POLICIES)}, got {policy!r}", setting="scheduling_policy"
+    )
