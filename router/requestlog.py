@@ -21,6 +21,8 @@ from typing import IO, Any
 
 import orjson
 
+from router.errors import ChimeraError
+
 log = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_S = 0.5
@@ -154,8 +156,18 @@ def _line(obj: dict[str, Any]) -> bytes:
 
 
 def _open_append(path: Path) -> IO[bytes]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.open("ab")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.open("ab")
+    except OSError as exc:
+        raise ChimeraError(f"cannot open the request log {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def check_writable(path: str | None) -> None:
+    """Open the request log ``path`` for appending (making its directory) and close it again: a start-up check
+    that fails with one line (:class:`ChimeraError`) before anything else starts."""
+    if path is not None:
+        _open_append(Path(path)).close()
 
 
 def _write(file: IO[bytes], lines: list[bytes]) -> None:

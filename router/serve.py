@@ -24,6 +24,7 @@ from router.config import BackendConfig, Config, load_config
 from router.errors import ChimeraError
 from router.listen import check_free, listen, where
 from router.logqueue import BatchedLogQueue
+from router.requestlog import check_writable
 from router.wire import SERVER_OPTIONS
 
 log = logging.getLogger("chimera.serve")
@@ -220,6 +221,12 @@ def _serve(cfg: Config, *, config_path: str, host: str | None, port: int | None,
     host = host or cfg.gateway.host
     port = cfg.gateway.port if port is None else port
     sockets = listen([(host, port)])  # first: a port already taken fails before the sims start
+    try:
+        check_writable(cfg.gateway.request_log)  # one line now, not a traceback from the app's start-up
+    except ChimeraError:
+        for sock in sockets:
+            sock.close()
+        raise
     if workers > 1 and cfg.gateway.state == "memory":
         log.warning("--workers %d with state: memory — each process keeps its own view of the fleet; "
                     "use a redis:// state to share it", workers)  # fmt: skip

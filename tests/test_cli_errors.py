@@ -71,6 +71,16 @@ def test_serve_on_a_taken_port_is_one_line_exit_1(tmp_path: Path, workers: str) 
     assert _one_line(proc.stderr) == f"chimera: error: cannot listen on 127.0.0.1:{port}: address already in use"
 
 
+def test_serve_with_an_unwritable_request_log_is_one_line_exit_1(tmp_path: Path) -> None:
+    cfg = _gateway_yaml(tmp_path, free_port(), free_port(), sim=False)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # its "directory" is a file: nothing can be created under it
+    cfg.write_text(cfg.read_text().replace("gateway: {", f"gateway: {{request_log: '{blocker}/logs/r.jsonl', "))
+    proc = _chimera("serve", "--config", str(cfg))
+    assert proc.returncode == 1
+    assert _one_line(proc.stderr).startswith(f"chimera: error: cannot open the request log '{blocker}/logs/r.jsonl'")
+
+
 def test_sim_on_a_taken_port_is_one_line_exit_1() -> None:
     with _taken_port() as port:
         proc = _chimera("sim", "--port", str(port))
