@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,13 @@ class Completion:
     seed: int | None
     random_sampling: bool = False  # temperature > 0 (absent: vLLM's default 1.0), so not a greedy argmax
     priority: int = 0  # vLLM's request priority (lower first): only --scheduling-policy priority reads it
+    n: int = 1  # answers per prompt
+    batch: tuple[tuple[str, list[int]], ...] = ()  # every prompt of a batched completion (text, ids), in order
+
+    @property
+    def choices(self) -> int:
+        """How many answers the request asks for: ``n`` for each of its prompts."""
+        return self.n * max(1, len(self.batch))
 
 
 def parse_completion(
@@ -76,13 +84,15 @@ def parse_completion(
         except ValueError as exc:
             raise ApiError(400, str(exc), "messages") from exc
         ids = tokenizer.encode_chat(text)
+        batch = [(text, ids)]
     else:
-        text, ids = _prompt(req.get("prompt"), tokenizer)
-    if not ids:
+        batch = _prompts(req.get("prompt"), tokenizer)
+        text, ids = batch[0]
+    if not all(b[1] for b in batch):
         raise ApiError(400, "The prompt cannot be empty", "prompt")
     n = _opt_int(req, "n", 1)
-    if n != 1:
-        raise ApiError(400, "The simulated worker supports n=1 only", "n")
+    if n is None or n < 1:
+        raise ApiError(400, f"n must be at least 1, got {n}.", "n")
     stream = _bool(req, "stream")
     options = req.get("stream_options")
     if options is not None and not stream:
@@ -90,7 +100,7 @@ def parse_completion(
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     max_tokens = _opt_int(req, "max_completion_tokens", None) if chat else None
     max_tokens = _opt_int(req, "max_tokens", max_tokens)
-    prompt_len = len(ids)
+    prompt_len = max(len(b[1]) for b in batch)  # a batch's longest prompt bounds its answers
     if max_tokens is None:
         max_tokens = max_model_len - prompt_len
     if max_tokens < 1:
@@ -128,6 +138,8 @@ def parse_completion(
         seed=_opt_int(req, "seed", None),
         random_sampling=_random_sampling(req.get("temperature")),
         priority=priority,
+        n=n,
+        batch=tuple(batch),
     )
 
 
@@ -145,14 +157,18 @@ def _random_sampling(temperature: Any) -> bool:
     return temperature >= SAMPLING_EPS
 
 
-def _prompt(prompt: Any, tokenizer: Tokenizer) -> tuple[str, list[int]]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
+def _prompts(prompt: Any, tokenizer: Tokenizer) -> list[tuple[str, list[int]]]:
+    """A completion's prompts as (text, token ids): one string or list of token ids, or a batch of either."""
     if isinstance(prompt, str):
-        return prompt, tokenizer.encode(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return " ".join(map(str, prompt)), list(prompt)
-    raise ApiError(400, "'prompt' must be a string or a list of token ids (one prompt only)", "prompt")
+        return [(prompt, tokenizer.encode(prompt))]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return [(" ".join(map(str, prompt)), list(prompt))]
+        if all(isinstance(p, str) for p in prompt):
+            return [(p, tokenizer.encode(p)) for p in prompt]
+        if all(isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt):
+            return [(" ".join(map(str, p)), list(p)) for p in prompt]
+    raise ApiError(400, "'prompt' must be a string, a list of token ids, or a list of either", "prompt")
 
 
 def _too_long(max_model_len: int, prompt_len: int, max_tokens: int, chat: bool) -> str:
@@ -199,31 +215,34 @@ def new_id(chat: bool) -> str:
 def full_response(
     req_id: str, chat: bool, model: str, text: str, finish_reason: str, prompt_tokens: int, n_out: int
 ) -> bytes:
-    choice: dict[str, Any]
-    if chat:
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": text,
-            "refusal": None,
-            "tool_calls": [],
-            "reasoning_content": None,
-        }
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
-    else:
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": finish_reason,
-            "stop_reason": None,
-            "prompt_logprobs": None,
-        }
+    return full_response_many(req_id, chat, model, [(text, finish_reason)], prompt_tokens, n_out)
+
+
+def full_response_many(
+    req_id: str, chat: bool, model: str, answers: Sequence[tuple[str, str]], prompt_tokens: int, n_out: int
+) -> bytes:
+    """A non-streamed answer of one choice per (text, finish_reason), indexed in order."""
+    choices: list[dict[str, Any]] = []
+    for index, (text, finish_reason) in enumerate(answers):
+        if chat:
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": text,
+                "refusal": None,
+                "tool_calls": [],
+                "reasoning_content": None,
+            }
+            choices.append({"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason,
+                            "stop_reason": None})  # fmt: skip
+        else:
+            choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                            "stop_reason": None, "prompt_logprobs": None})  # fmt: skip
     body = {
         "id": req_id,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [choice],
+        "choices": choices,
         "usage": usage(prompt_tokens, n_out),
     }
     return json.dumps(body, separators=(",", ":")).encode()
@@ -232,27 +251,28 @@ def full_response(
 class ChunkWriter:
     """Byte templates of one request's SSE stream: ``head + word + tail``."""
 
-    __slots__ = ("_envelope", "chat", "final_tail", "head", "tail")
+    __slots__ = ("_envelope", "_index", "chat", "final_tail", "head", "tail")
 
-    def __init__(self, req_id: str, chat: bool, model: str) -> None:
+    def __init__(self, req_id: str, chat: bool, model: str, index: int = 0) -> None:
         self.chat = chat
         obj = "chat.completion.chunk" if chat else "text_completion"
         self._envelope = (
             f'{{"id":"{req_id}","object":"{obj}","created":{int(time.time())},"model":{json.dumps(model)},'
         ).encode()
+        self._index = b'"choices":[{"index":%d,' % index
         if chat:
-            self.head = b"data: " + self._envelope + b'"choices":[{"index":0,"delta":{"content":"'
+            self.head = b"data: " + self._envelope + self._index + b'"delta":{"content":"'
             self.tail = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
             self.final_tail = b'"},"logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n'
         else:
-            self.head = b"data: " + self._envelope + b'"choices":[{"index":0,"text":"'
+            self.head = b"data: " + self._envelope + self._index + b'"text":"'
             self.tail = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
             self.final_tail = b'","logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n'
 
     def role_chunk(self) -> bytes:
-        """vLLM opens a chat stream with the assistant role and empty content."""
+        """vLLM opens a chat stream with the assistant role and empty content (once per choice)."""
         return (
-            b"data: " + self._envelope + b'"choices":[{"index":0,"delta":{"role":"assistant",'
+            b"data: " + self._envelope + self._index + b'"delta":{"role":"assistant",'
             b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n'
         )
 
@@ -262,6 +282,8 @@ class ChunkWriter:
 
 
 DONE = b"data: [DONE]\n\n"
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
 def sse_error(err: ApiError) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -23,7 +24,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from backends.asgi import read_body
 from backends.sim import api
-from backends.sim.api import ApiError, ChunkWriter, Completion
+from backends.sim.api import JSON_HEADERS, SSE_HEADERS, ApiError, ChunkWriter, Completion
+from backends.sim.choices import complete_many
 from backends.sim.engine import Engine, Request, Status
 from backends.sim.gpu import SharedGPU
 from backends.sim.metrics import exposition, make_registry
@@ -40,9 +42,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger(__name__)
 
-JSON_HEADERS = [(b"content-type", b"application/json")]
 PID_HEADER = b"x-chimera-sim-pid"
-SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
 @dataclass(frozen=True)
@@ -159,21 +159,27 @@ class SimApp:
         }
         return json.dumps({"object": "list", "data": [card]}).encode()
 
-    async def _complete(self, c: Completion, receive: Receive, send: Send) -> None:
-        loop = asyncio.get_running_loop()
-        key = c.prompt_text if c.seed is None else f"{c.seed}\x00{c.prompt_text}"
+    def _request(self, c: Completion, request_id: str, key: str, prompt_ids: list[int]) -> Request:
+        """An engine request answering ``c`` for a prompt, its answer drawn on ``key``."""
         answer = draw_answer(self.settings.seed, self.model, key, self.profile.quality, c.output_tokens, c.difficulty)
-        req = Request(
-            api.new_id(c.chat),
-            c.prompt_ids,
+        return Request(
+            request_id,
+            prompt_ids,
             answer,
             c.max_tokens,
             c.min_tokens,
             c.ignore_eos,
-            arrival=loop.time(),
+            arrival=asyncio.get_running_loop().time(),
             random=c.random_sampling,
             priority=c.priority,
         )
+
+    async def _complete(self, c: Completion, receive: Receive, send: Send) -> None:
+        if c.choices > 1:  # n > 1, or a batch of prompts: one engine request per answer
+            await complete_many(self.engine, self.model, c, functools.partial(self._request, c), receive, send)
+            return
+        key = c.prompt_text if c.seed is None else f"{c.seed}\x00{c.prompt_text}"
+        req = self._request(c, api.new_id(c.chat), key, c.prompt_ids)
         req.notify_each = c.stream
         watcher = asyncio.create_task(self._abort_on_disconnect(req, receive))
         self.engine.submit(req)

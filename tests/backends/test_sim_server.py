@@ -189,13 +189,54 @@ def test_error_envelopes(sim_server: SimServer, sim_profile: Profile) -> None:
             client.completions.create(model="sim-test", prompt=words(90), max_tokens=20)
         assert "maximum context length is 100" in str(long_prompt.value)
         with pytest.raises(openai.BadRequestError):
-            client.completions.create(model="sim-test", prompt="x", n=2)
+            client.completions.create(model="sim-test", prompt="x", n=0)
     bad = httpx.post(f"{srv.url}/v1/chat/completions", content=b"{not json")
     assert bad.status_code == 400
     err = bad.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["code"] == 400
     missing = httpx.post(f"{srv.url}/v1/chat/completions", json={"model": "sim-test"})
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
+
+
+def test_several_answers_n_and_a_batch_of_prompts(sim_server: SimServer, sim_profile: Profile) -> None:
+    """As vLLM: one choice per answer (index = prompt x n + i), usage counting each prompt once."""
+    srv = sim_server(profile=sim_profile())
+    sim = {"sim": {"output_tokens": 6}}
+    with sdk(srv) as client:
+        one = client.chat.completions.create(model="sim-test", messages=[{"role": "user", "content": "hi there"}],
+                                             seed=3, extra_body=sim)  # fmt: skip
+        chat = client.chat.completions.create(model="sim-test", messages=[{"role": "user", "content": "hi there"}],
+                                              n=3, seed=3, extra_body=sim)  # fmt: skip
+        assert [c.index for c in chat.choices] == [0, 1, 2] and all(c.finish_reason == "stop" for c in chat.choices)
+        assert chat.choices[0].message.content == one.choices[0].message.content  # the first answer: as n=1's
+        assert len({c.message.content for c in chat.choices}) == 3  # the others: their own draws
+        assert chat.usage is not None and one.usage is not None
+        assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (one.usage.prompt_tokens, 18)
+        batch = client.completions.create(model="sim-test", prompt=["a b c", "d e f g"], n=2, max_tokens=4,
+                                          extra_body=sim)  # fmt: skip
+        assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+        assert all(c.finish_reason == "length" and len(c.text.split()) == 4 for c in batch.choices)
+        assert batch.usage is not None and batch.usage.completion_tokens == 16
+        solo = [client.completions.create(model="sim-test", prompt=p, max_tokens=4, extra_body=sim).usage
+                for p in ("a b c", "d e f g")]  # fmt: skip
+        assert batch.usage.prompt_tokens == sum(u.prompt_tokens for u in solo if u is not None)
+        # streamed: every choice's tokens, its finish, then one usage chunk and the end
+        got: dict[int, list[str]] = {}
+        finish: dict[int, str] = {}
+        usage = None
+        for chunk in client.chat.completions.create(model="sim-test", n=2, stream=True, extra_body=sim,
+                                                    messages=[{"role": "user", "content": "hi there"}],
+                                                    stream_options={"include_usage": True}):  # fmt: skip
+            usage = chunk.usage or usage
+            for c in chunk.choices:
+                got.setdefault(c.index, []).append(c.delta.content or "")
+                if c.finish_reason:
+                    finish[c.index] = c.finish_reason
+        assert sorted(got) == [0, 1] and finish == {0: "stop", 1: "stop"}
+        assert all(len("".join(parts).split()) == 6 for parts in got.values())
+        assert usage is not None and usage.completion_tokens == 12
+    m = metrics(srv)
+    assert m["vllm:request_success_total"] == 1 + 3 + 4 + 2 + 2  # one engine request per answer
 
 
 # -- physics --------------------------------------------------------------------------------------
@@ -298,14 +339,15 @@ def test_kv_exhaustion_queues_and_preempts(sim_server: SimServer, sim_profile: P
     assert m["vllm:kv_cache_usage_perc"] == 0.0 and m["vllm:num_requests_running"] == 0
 
 
-def test_client_disconnect_aborts_the_request(sim_server: SimServer, sim_profile: Profile) -> None:
+@pytest.mark.parametrize("n", [1, 3])
+def test_client_disconnect_aborts_the_request(sim_server: SimServer, sim_profile: Profile, n: int) -> None:
     srv = sim_server(profile=sim_profile(), speedup=1.0)
-    body = {"model": "sim-test", "prompt": words(500), "max_tokens": 4000, "stream": True,
+    body = {"model": "sim-test", "prompt": words(500), "max_tokens": 4000, "stream": True, "n": n,
             "sim": {"output_tokens": 4000}}  # fmt: skip
     with httpx.Client(timeout=10) as client, client.stream("POST", f"{srv.url}/v1/completions", json=body) as r:
         chunks = r.iter_raw()
         assert b'"text"' in next(chunks)  # the stream is open and generating
-        assert metrics(srv)["vllm:num_requests_running"] == 1
+        assert metrics(srv)["vllm:num_requests_running"] == n  # every answer a request of its own
     deadline = time.monotonic() + 5
     while metrics(srv)["vllm:num_requests_running"] and time.monotonic() < deadline:
         time.sleep(0.02)
