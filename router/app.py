@@ -110,6 +110,7 @@ def create_app(
         Route("/v1/chat/completions", edge.Completion("chat"), methods=["POST"]),
         Route("/v1/completions", edge.Completion("completions"), methods=["POST"]),
         Route("/v1/models", edge.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", edge.get_model, methods=["GET"]),
         Route("/v1/feedback", feedback.post_feedback, methods=["POST"]),
         Route("/health", fleet_api.health, methods=["GET"]),
         Route("/ready", fleet_api.ready, methods=["GET"]),

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from router import asgi
 from router.asgi import route_path
 from router.config import AUTO_MODEL
-from router.errors import BadRequest, ClientError
+from router.errors import BadRequest, ClientError, ModelNotFound
 from router.features import build_features, parse_body, resolve_models
 from router.gateway import STATE_KEY, Gateway, gateway_of
 from router.middleware import RECORD_KEY, REQUEST_ID_KEY
@@ -160,6 +160,17 @@ def client_error_response(exc: ClientError) -> JSONResponse:
 async def list_models(request: Request) -> JSONResponse:
     """GET /v1/models: the models the caller's agent may use, and ``auto``."""
     agent = gateway_of(request).agents.resolve(request.headers)
-    ids = [*agent.models, AUTO_MODEL]
-    data = [{"id": m, "object": "model", "created": _CREATED, "owned_by": "chimera"} for m in ids]
-    return JSONResponse({"object": "list", "data": data})
+    return JSONResponse({"object": "list", "data": [_model_card(m) for m in (*agent.models, AUTO_MODEL)]})
+
+
+async def get_model(request: Request) -> JSONResponse:
+    """GET /v1/models/{model} (the SDK's ``models.retrieve``): one of those, else 404 as OpenAI answers it."""
+    agent = gateway_of(request).agents.resolve(request.headers)
+    model = request.path_params["model"]
+    if model not in (*agent.models, AUTO_MODEL):
+        raise ModelNotFound(f"The model {model!r} does not exist", param="model")
+    return JSONResponse(_model_card(model))
+
+
+def _model_card(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": _CREATED, "owned_by": "chimera"}

@@ -209,6 +209,10 @@ def openapi_document(config: Config) -> dict[str, Any]:
                     "Models this caller's agent may use", _json_body("ModelList") | {"description": "ok"}, ("401",)
                 )
             },
+            "/v1/models/{model}": {
+                "get": _get_op("One model this caller's agent may use", json_ok, ("401", "404"))
+                | {"parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]}
+            },
             "/v1/feedback": {
                 "post": {
                     "summary": "Quality feedback on an answer",

@@ -30,8 +30,8 @@ def test_openapi_describes_every_route_and_the_openai_bodies() -> None:
                                probe=False)) as c:  # fmt: skip
         doc = c.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.1")
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/feedback", "/health", "/ready",
-                 "/metrics", "/fleet"):  # fmt: skip
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}", "/v1/feedback",
+                 "/health", "/ready", "/metrics", "/fleet"):  # fmt: skip
         assert path in doc["paths"], path
     chat = doc["paths"]["/v1/chat/completions"]["post"]
     assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("ChatCompletionRequest")

@@ -178,6 +178,9 @@ def test_agent_resolution_without_keys(gateway_server: Gw, fake_server: Any) -> 
     with _sdk(gw.url) as default, _sdk(gw.url, default_headers={"X-Agent": "planner"}) as planner:
         assert [m.id for m in default.models.list()] == ["small", "auto"]
         assert [m.id for m in planner.models.list()] == ["big", "small", "auto"]
+        assert planner.models.retrieve("big").id == "big" and default.models.retrieve("auto").id == "auto"
+        with pytest.raises(openai.NotFoundError):  # served, but not this agent's
+            default.models.retrieve("big")
         with pytest.raises(openai.PermissionDeniedError):
             default.chat.completions.create(model="big", messages=USER)
         assert planner.chat.completions.create(model="big", messages=USER).model == "big"
