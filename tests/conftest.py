@@ -7,7 +7,9 @@ event loop), on a socket bound to a free loopback port, and stops it cleanly.
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +19,18 @@ import pytest
 import uvicorn
 
 from router.config import Config
+
+
+def interrupt(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:
+    """Stop a `chimera` process as Ctrl-C would, killing it if it has not ended within ``timeout_s``.
+    SIGINT, not SIGTERM: uvicorn re-raises the signal it caught after its graceful shutdown, and a
+    re-raised SIGTERM ends `chimera serve` before it stops its simulated workers."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def free_port() -> int:

@@ -15,6 +15,8 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import interrupt
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -129,12 +131,7 @@ agents:
         yield base, proc, [s1, s2]
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            interrupt(proc)
         if proc.stdout:
             proc.stdout.close()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from router.cli import _build_parser, main, sim_workers
 from router.config import BackendConfig
 from router.errors import ChimeraError
 from router.serve import SIM_PID_HEADER, _wait_healthy, sim_command, sim_groups
-from tests.conftest import free_port, make_config, serve_asgi
+from tests.conftest import free_port, interrupt, make_config, serve_asgi
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -245,11 +244,6 @@ def test_serve_sims_enforce_the_configs_max_model_len(tmp_path: Path) -> None:
             body["max_tokens"] = 4
             assert httpx.post(url + "/v1/completions", json=body, timeout=10).status_code == 200
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        interrupt(proc)
         assert proc.stderr is not None
         proc.stderr.close()
