@@ -10,7 +10,8 @@ Each replica keeps the same local :class:`~router.state.table.FleetTable` as the
   first token yet); a first token shrinks the backlog locally and reaches the others with the next
   SYNC (no round trip of its own): the others see it after their own next SYNC or PUT, about two
   ``sync_interval_s`` at most. While degraded, the others' backlog is dropped from the view (it is
-  seconds old work, and no SYNC would clear it); their requests and tokens stay as last seen.
+  seconds old work, and no SYNC would clear it); their requests and tokens stay as last seen for
+  ``lease_ttl_s`` after the last SYNC that answered, then expire as their leases in Redis would.
 * **Leases.** A background task runs ``SYNC`` every ``sync_interval_s``: one round trip that
   heartbeats (renews this replica's load hash for ``lease_ttl_s``), republishes all its numbers,
   and reads every live replica's load and every worker's last probe. A replica that dies without
@@ -108,6 +109,7 @@ class RedisFleetState:
         self._scripts: dict[str, Any] = {}
         self._sync_task: asyncio.Task[None] | None = None
         self._degraded = False
+        self._synced_at: float | None = None  # when the last SYNC answered (the table's clock)
         self._round_trips = self._errors = self._degraded_events = 0
         self._buckets = TokenBuckets(clock)  # rate limits while Redis is unreachable (per replica then)
 
@@ -250,7 +252,9 @@ class RedisFleetState:
             args += [r.name, self._version[r.name], r.inflight_requests, r.inflight_tokens, r.pending_prefill]
         reply = await self._call("SYNC", [self._key_self(), self._k_replicas], args, while_degraded=True)
         if reply is None:
+            self._expire_others()
             return False
+        self._synced_at = self._table.clock()
         if self._degraded:
             self._degraded = False
             log.warning("fleet state: Redis is back; republished this replica's reservations")
@@ -275,6 +279,17 @@ class RedisFleetState:
                 # and the event loop's shutdown would wait on this loop for ever.
                 raise asyncio.CancelledError
             delay = self._opts.sync_interval_s if ok else min(MAX_BACKOFF_S, delay * 2)
+
+    def _expire_others(self) -> None:
+        """Out of touch with Redis for longer than a lease: the other replicas' numbers have expired there
+        (``lease_ttl_s``), so they expire here too. Kept as last seen, requests long finished would hold
+        their capacity for the whole outage (admission would turn work away from an idle fleet)."""
+        if not self._others or self._synced_at is None:
+            return
+        if self._table.clock() - self._synced_at < self._opts.lease_ttl_s:
+            return
+        log.warning("fleet state: no word from Redis for %.0f s; other replicas' load dropped", self._opts.lease_ttl_s)
+        self._apply_load([])
 
     def _apply_load(self, replicas: list[list[Any]]) -> None:
         others: dict[str, dict[str, _Load]] = {}
@@ -400,7 +415,8 @@ class RedisFleetState:
                 self._degraded = True
                 self._degraded_events += 1
                 self._table.drop_other_prefill()  # seconds-old work that no SYNC will clear now
-                log.warning("fleet state: Redis unreachable (%s); serving on the local view", exc or type(exc).__name__)
+                why = str(exc) or type(exc).__name__  # a timeout's message is empty
+                log.warning("fleet state: Redis unreachable (%s); serving on the local view", why)
             return None
 
     def _key_self(self) -> str:

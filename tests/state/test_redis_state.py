@@ -282,6 +282,25 @@ async def test_outage_drops_the_other_replicas_backlog(private_redis: RedisServe
     await eventually(lambda: backlog(a, "a") == 4000, within=5.0)
 
 
+async def test_outage_expires_the_other_replicas_load_after_a_lease(private_redis: RedisServer, replicas: Make) -> None:
+    """The others' requests and tokens are kept through a short outage, but not past ``lease_ttl_s``, when
+    Redis itself would have expired them: else requests long finished would hold capacity for the whole
+    outage, and admission would turn work away from an idle fleet."""
+    a = await replicas(private_redis.url, op_timeout_s=0.1, lease_ttl_s=1.0)
+    b = await replicas(private_redis.url, op_timeout_s=0.1, lease_ttl_s=1.0)
+    await b.reserve("a", 5000)
+    own = await a.reserve("b", 7)
+    await eventually(lambda: load(a, "a") == (1, 5000) and len(a.replicas()) == 2)
+    private_redis.stop()
+    await eventually(lambda: a.degraded)
+    assert load(a, "a") == (1, 5000)  # a short outage: as last seen
+    await eventually(lambda: load(a, "a") == (0, 0), within=5.0)
+    assert [r.id for r in a.replicas()] == [a.replica_id] and load(a, "b") == (1, 7)  # its own load stays
+    await a.release(own)
+    private_redis.start()  # B's reconcile republishes its reservation; A learns it again
+    await eventually(lambda: load(a, "a") == (1, 5000), within=5.0)
+
+
 async def test_unreachable_at_start_comes_up_degraded(redis_prefix: str) -> None:
     srv = RedisServer()  # never started: nothing listens on its port
     st = RedisFleetState(BACKENDS, HEALTH, RedisOptions(srv.url, prefix=redis_prefix, op_timeout_s=0.05))
