@@ -18,7 +18,10 @@ from router.requestlog import RequestRecord
 from router.state.base import FleetState
 from router.types import FleetSnapshot
 
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# up to vLLM's own e2e buckets' top (and the default timeouts.response_s, 600 s): a long answer's e2e lands in
+# a bucket, not in +Inf where a dashboard's p99 would read as the last bound
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+                   160.0, 320.0, 640.0)  # fmt: skip
 RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 NONE = "none"  # label value where a request never got that far (no agent, no worker)
 

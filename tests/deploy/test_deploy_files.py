@@ -44,8 +44,11 @@ def kind(objs: list[dict[str, Any]], k: str) -> dict[str, dict[str, Any]]:
 
 
 def configmap_config() -> Config:
-    cm = kind(k8s(), "ConfigMap")["chimera-config"]
-    return parse_config(cm["data"]["config.yaml"], file="deploy/k8s/configmap.yaml", env={})
+    """The config kustomize turns into the gateways' ConfigMap (configMapGenerator: rolled on every edit)."""
+    kustom = docs(DEPLOY / "k8s" / "kustomization.yaml")[0]
+    (gen,) = kustom["configMapGenerator"]
+    assert gen["name"] == "chimera-config" and gen["files"] == ["config.yaml"]
+    return parse_config((DEPLOY / "k8s" / "config.yaml").read_text(), file="deploy/k8s/config.yaml", env={})
 
 
 def app_paths(cfg: Config) -> set[str]:
@@ -117,8 +120,12 @@ def test_k8s_objects_line_up() -> None:
         assert int(opt["--kv-cache-memory-bytes"]) > 0
     kustom = docs(DEPLOY / "k8s" / "kustomization.yaml")[0]
     assert sorted(kustom["resources"]) == sorted(
-        p.name for p in (DEPLOY / "k8s").glob("*.yaml") if p.name != "kustomization.yaml"
+        p.name for p in (DEPLOY / "k8s").glob("*.yaml") if p.name not in ("kustomization.yaml", "config.yaml")
     )
+    # shutdown: out of the endpoints before SIGTERM closes the socket, and time to drain after it
+    pod = gw["spec"]["template"]["spec"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+    assert pod["terminationGracePeriodSeconds"] > int(container["lifecycle"]["preStop"]["exec"]["command"][1]) + 60
 
 
 def test_prometheus_scrapes_gateways_and_every_worker() -> None:
