@@ -3,15 +3,24 @@
 Counters and histograms are updated once per finished request from its :class:`RequestRecord`,
 through label children resolved once per label values (:class:`_Children`); the fleet gauges are
 refreshed from the state's snapshot when ``/metrics`` is scraped.
+
+``chimera serve --workers N`` runs N processes behind one port, and a scrape reaches any one of them:
+served from each process's own registry, counters would seem to jump back and forth between
+processes. There the server sets ``PROMETHEUS_MULTIPROC_DIR`` (:data:`MULTIPROC_ENV`) before the
+processes start, prometheus_client keeps every value in a file of that directory, and ``/metrics``
+answers the sum over the processes (gauges: the most recent value any live process set; the
+admission queue's depth: their sum).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from router.requestlog import RequestRecord
@@ -24,6 +33,7 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 
                    160.0, 320.0, 640.0)  # fmt: skip
 RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 NONE = "none"  # label value where a request never got that far (no agent, no worker)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's: set, the values of all processes add up
 
 M = TypeVar("M", Counter, Histogram, Gauge)
 
@@ -47,7 +57,9 @@ class _Children(Generic[M]):
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
         r = self.registry
+        latest: Literal["livemostrecent"] = "livemostrecent"  # one process's view of the fleet is as good as another's
         self.requests = Counter("chimera_requests_total", "Finished requests by agent, worker and status.",
                                 ["agent", "backend", "status"], registry=r)  # fmt: skip
         self.ttft = Histogram("chimera_ttft_seconds", "Time to the first streamed chunk, seen by the gateway.",
@@ -57,20 +69,20 @@ class Metrics:
         self.sla_violations = Counter("chimera_sla_violations_total", "Requests that missed an SLA objective.",
                                       ["agent", "kind"], registry=r)  # fmt: skip
         self.backend_healthy = Gauge("chimera_backend_healthy", "1 if the worker takes requests.",
-                                     ["backend"], registry=r)  # fmt: skip
+                                     ["backend"], registry=r, multiprocess_mode=latest)  # fmt: skip
         self.backend_inflight = Gauge("chimera_backend_inflight", "Requests in flight on the worker.",
-                                      ["backend"], registry=r)  # fmt: skip
+                                      ["backend"], registry=r, multiprocess_mode=latest)  # fmt: skip
         self.prediction_error = Histogram("chimera_prediction_error_ratio", "|predicted - actual| / actual.",
                                           ["target"], buckets=RATIO_BUCKETS, registry=r)  # fmt: skip
         self.prediction_bias = Gauge("chimera_backend_prediction_bias",
                                      "Observed / predicted TTFT or decode time on the worker's recent answers "
                                      "(the predictive policy's latency feedback; 1 until seen).",
-                                     ["backend", "target"], registry=r)  # fmt: skip
+                                     ["backend", "target"], registry=r, multiprocess_mode=latest)  # fmt: skip
         self.worker_failures = Counter("chimera_worker_failures_total", "Failed attempts on a worker, by kind.",
                                        ["backend", "kind"], registry=r)  # fmt: skip
         # Overload (router.admission, router.ratelimit)
         self.queue_depth = Gauge("chimera_queue_depth", "Requests waiting in the admission queue.",
-                                 ["agent"], registry=r)  # fmt: skip
+                                 ["agent"], registry=r, multiprocess_mode="livesum")  # fmt: skip
         self.queue_wait = Histogram("chimera_queue_wait_seconds", "Time spent in the admission queue.",
                                     ["agent"], buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
         self.rejections = Counter("chimera_rejections_total", "Requests answered 429, by reason.",
@@ -87,10 +99,29 @@ class Metrics:
 
         self._state_collector = _StateCollector()
         r.register(self._state_collector)
+        self._state_counters: tuple[Counter, Counter, Counter] | None = None  # made for a Redis state
+        self._state_exported = (0, 0, 0)
 
     def refresh_state(self, state: FleetState) -> None:
-        """The fleet state's own counters (Redis round trips, outages), read at scrape time."""
+        """The fleet state's own counters (Redis round trips, outages; kept as plain ints on the hot path),
+        brought up to date at scrape time, and its gauges."""
         self._state_collector.state = state
+        if state.kind == "memory":
+            return
+        if self._state_counters is None:
+            r = self.registry
+            self._state_counters = (
+                Counter("chimera_state_redis_commands", "Round trips to Redis (a script call is one).", registry=r),
+                Counter("chimera_state_redis_errors", "Redis round trips that failed or timed out.", registry=r),
+                Counter("chimera_state_degraded", "Times the fleet state lost Redis and served on its local view.",
+                        registry=r),
+            )  # fmt: skip
+        st = state.stats()
+        now = (st.round_trips, st.errors, st.degraded_events)
+        for counter, value, exported in zip(self._state_counters, now, self._state_exported, strict=True):
+            if value > exported:
+                counter.inc(value - exported)
+        self._state_exported = now
 
     def worker_failed(self, backend: str, kind: str) -> None:
         self._worker_failures(backend, kind).inc()
@@ -128,25 +159,23 @@ class Metrics:
             self.prediction_bias.labels(b.name, "tpot").set(b.tpot_bias)
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if not self.multiprocess:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        merged = CollectorRegistry(auto_describe=True)  # every process's values, from their files
+        MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+        merged.register(self._state_collector)  # this process's view of the fleet state
+        return generate_latest(merged), CONTENT_TYPE_LATEST
 
 
 class _StateCollector(Collector):
-    """Counters owned by the fleet state, which keeps them as plain ints (no registry of its own)."""
+    """The fleet state's gauges (degraded now, live replicas), read at scrape time."""
 
     def __init__(self) -> None:
         self.state: FleetState | None = None
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         if self.state is None or self.state.kind == "memory":
             return
-        st = self.state.stats()
-        yield CounterMetricFamily("chimera_state_redis_commands", "Round trips to Redis (a script call is one).",
-                                  value=st.round_trips)  # fmt: skip
-        yield CounterMetricFamily("chimera_state_redis_errors", "Redis round trips that failed or timed out.",
-                                  value=st.errors)  # fmt: skip
-        yield CounterMetricFamily("chimera_state_degraded", "Times the fleet state lost Redis and served on its "
-                                  "local view.", value=st.degraded_events)  # fmt: skip
         yield GaugeMetricFamily("chimera_state_degraded_now", "1 while the fleet state is degraded.",
                                 value=1.0 if self.state.degraded else 0.0)  # fmt: skip
         yield GaugeMetricFamily("chimera_state_replicas", "Live gateway replicas sharing the fleet state.",

@@ -8,10 +8,12 @@ import ctypes
 import inspect
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -24,6 +26,7 @@ from router.config import BackendConfig, Config, load_config
 from router.errors import ChimeraError
 from router.listen import check_free, listen, where
 from router.logqueue import BatchedLogQueue
+from router.metrics import MULTIPROC_ENV
 from router.requestlog import check_writable
 from router.wire import SERVER_OPTIONS
 
@@ -240,10 +243,27 @@ def _serve(cfg: Config, *, config_path: str, host: str | None, port: int | None,
             else:
                 os.environ[CONFIG_ENV] = os.path.abspath(config_path)
                 config = uvicorn.Config("router.serve:app_factory", factory=True, workers=workers, **SERVER_OPTIONS)
-                _run_processes(config, sockets)
+                with _shared_metrics():
+                    _run_processes(config, sockets)
     finally:
         for sock in sockets:
             sock.close()
+
+
+@contextlib.contextmanager
+def _shared_metrics() -> Iterator[None]:
+    """``--workers N``: the worker processes keep their Prometheus values in one fresh directory, and each
+    answers /metrics with the sum over all (router.metrics). A directory the user set is kept as it is."""
+    if os.environ.get(MULTIPROC_ENV):
+        yield
+        return
+    path = tempfile.mkdtemp(prefix="chimera-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    try:
+        yield
+    finally:
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _run(config: uvicorn.Config, sockets: list[socket.socket]) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import interrupt
 
@@ -160,9 +161,10 @@ def test_serve_starts_sims_and_routes(served_gateway: tuple[str, subprocess.Pope
 
 
 @pytest.mark.slow
-def test_serve_with_two_processes_audits_every_request(tmp_path: Path) -> None:
+def test_serve_with_two_processes_audits_and_counts_every_request(tmp_path: Path) -> None:
     """`--workers 2`: each gateway process is spawned afresh and must set up its own logging, or its
-    audit lines are dropped (its root logger stays at WARNING)."""
+    audit lines are dropped (its root logger stays at WARNING); and /metrics counts both processes'
+    requests whichever one answers it (else a counter would jump back and forth between scrapes)."""
     worker, gw = _free_port(), _free_port()
     fast = subprocess.Popen([sys.executable, "-m", "router.bench.fastworker", "--port", str(worker), "--model", "m"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -187,10 +189,20 @@ def test_serve_with_two_processes_audits_every_request(tmp_path: Path) -> None:
             time.sleep(0.2)
         for _ in range(6):
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        for _ in range(12):  # a connection each: the kernel spreads them over both processes
+            assert httpx.post(f"http://127.0.0.1:{gw}/v1/chat/completions", json=body, timeout=10).status_code == 200
+        # /metrics from whichever process a scrape reaches: the sum over both, never one process's share
+        totals = set()
+        for _ in range(8):
+            text = httpx.get(f"http://127.0.0.1:{gw}/metrics", timeout=5).text
+            totals.add(sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                           if s.name == "chimera_requests_total"))  # fmt: skip
+        assert totals == {18.0}, totals
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=20)
         fast.terminate()
         fast.wait(timeout=10)
     audits = [line for line in out.splitlines() if "chimera.audit" in line]
-    assert len(audits) == 6, out[-2000:]
+    assert len(audits) == 18, out[-2000:]
