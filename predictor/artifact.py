@@ -59,12 +59,18 @@ def write(path: Path, header: dict[str, Any], estimator: Any) -> None:
     tmp.replace(path)  # readers never see a half-written model
 
 
+# what unpickling a file that is not (or no longer) what it should be can raise: a truncated copy, a class
+# this code lacks, an unknown protocol, bytes that happen to parse as some other object's
+_UNREADABLE = (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
+               IndexError, KeyError, MemoryError)  # fmt: skip
+
+
 def read_header(path: str | Path) -> dict[str, Any]:
     try:
         with Path(path).open("rb") as f:
             header = pickle.load(f)
-    except (OSError, pickle.UnpicklingError, EOFError) as exc:
-        raise ArtifactError(f"{path}: cannot read a predictor: {exc}") from exc
+    except _UNREADABLE as exc:
+        raise ArtifactError(f"{path}: cannot read a predictor: {str(exc) or type(exc).__name__}") from exc
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ArtifactError(f"{path}: not a chimera predictor file")
     return header
@@ -83,7 +89,10 @@ def load(path: str | Path) -> tuple[Any, dict[str, Any]]:
     wrong = [f"{k} {saved.get(k)} (here {v})" for k, v in here.items() if saved.get(k) != v]
     if wrong:
         raise ArtifactError(f"{path}: written with {', '.join(wrong)}; retrain with `chimera predictor train`")
-    with Path(path).open("rb") as f:
-        pickle.load(f)
-        estimator = pickle.load(f)
+    try:
+        with Path(path).open("rb") as f:
+            pickle.load(f)
+            estimator = pickle.load(f)
+    except _UNREADABLE as exc:  # a header whole, the model behind it cut off or not one of ours
+        raise ArtifactError(f"{path}: cannot read the predictor's model: {str(exc) or type(exc).__name__}") from exc
     return estimator, header

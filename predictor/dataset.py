@@ -40,7 +40,7 @@ def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
                 if obj.get("type") == "feedback":
                     if isinstance(obj.get("request_id"), str) and isinstance(obj.get("score"), int | float):
                         feedback[obj["request_id"]] = float(obj["score"])
-                elif obj.get("request_id") and obj.get("endpoint"):
+                elif obj.get("request_id") and obj.get("endpoint") and _number_or_none(obj.get("ts")):
                     records.append(obj)
     except (EOFError, UnicodeDecodeError) as exc:  # a truncated gzip stream; a binary file
         raise OSError(0, f"{type(exc).__name__}: {exc}", str(path)) from exc
@@ -69,7 +69,7 @@ def remaining_tokens(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """Request id -> tokens it and its workflow's later requests generated (workflow requests only)."""
     by_wf: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in records:
-        if r.get("workflow_id") and r.get("completion_tokens") is not None:
+        if isinstance(r.get("workflow_id"), str) and _number_or_none(r.get("completion_tokens")):
             by_wf[r["workflow_id"]].append(r)
     out: dict[str, int] = {}
     for rs in by_wf.values():
@@ -116,4 +116,32 @@ def samples(records: list[dict[str, Any]], feedback: Mapping[str, float] | None 
     """Training samples of the usable records, in log order."""
     feedback = feedback or {}
     rem = remaining_tokens(records)
-    return [to_sample(r, rem.get(r["request_id"]), feedback.get(r["request_id"])) for r in records if usable(r)]
+    out = []
+    for r in records:
+        if not usable(r) or not _well_typed(r):  # a line with a field of the wrong type: skipped
+            continue
+        try:
+            out.append(to_sample(r, rem.get(r["request_id"]), feedback.get(r["request_id"])))
+        except (TypeError, ValueError, AttributeError, KeyError):
+            continue
+    return out
+
+
+_NUMBERS = ("ttft_s", "tpot_s", "e2e_s", "completion_tokens", "prompt_tokens", "prompt_tokens_est", "max_tokens",
+            "message_count", "workflow_stage")  # fmt: skip
+_FLEET_NUMBERS = ("kv_budget_tokens", "inflight_requests", "inflight_tokens", "pending_prefill_tokens", "running",
+                  "waiting", "kv_usage", "metrics_age_s", "ttft_ewma_s", "tpot_ewma_s", "prefix_share",
+                  "time_scale")  # fmt: skip
+
+
+def _well_typed(rec: Mapping[str, Any]) -> bool:
+    """The numbers a sample is made of are numbers (or absent), as the gateway writes them."""
+    fl = rec.get("fleet")
+    return (isinstance(fl, dict) and all(_number_or_none(rec.get(k)) for k in _NUMBERS)
+            and all(_number_or_none(fl.get(k)) for k in _FLEET_NUMBERS)
+            and isinstance(rec.get("sketch") or [], list)
+            and all(_number_or_none(v) and v is not None for v in rec.get("sketch") or []))  # fmt: skip
+
+
+def _number_or_none(v: Any) -> bool:
+    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))

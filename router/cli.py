@@ -234,8 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ChimeraError as exc:
         print(f"chimera: error: {exc}", file=sys.stderr)
         return EXIT_FAIL
-    except OSError as exc:  # e.g. the port is taken
-        print(f"chimera: error: {exc.strerror or exc}", file=sys.stderr)
+    except OSError as exc:  # e.g. an output path that cannot be written: name it
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"chimera: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAIL
     except KeyboardInterrupt:
         return EXIT_OK

@@ -23,7 +23,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from router.config import BackendConfig, Config, load_config
-from router.errors import ChimeraError
+from router.errors import ChimeraError, ConfigError
 from router.listen import check_free, listen, where
 from router.logqueue import BatchedLogQueue
 from router.metrics import MULTIPROC_ENV
@@ -111,7 +111,7 @@ def running_sims(
     try:
         for group in groups:
             cmd = sim_command(*group)
-            procs.append((group, subprocess.Popen(cmd, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)))
+            procs.append((group, subprocess.Popen(cmd, stderr=subprocess.PIPE, preexec_fn=die_with_parent)))
         deadline = time.monotonic() + timeout_s
         for group, p in procs:
             for b in group:
@@ -133,7 +133,7 @@ def running_sims(
                 p.stderr.close()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: ask Linux to SIGTERM it when the gateway dies, even by SIGKILL."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
@@ -223,13 +223,8 @@ def _serve(cfg: Config, *, config_path: str, host: str | None, port: int | None,
 
     host = host or cfg.gateway.host
     port = cfg.gateway.port if port is None else port
-    sockets = listen([(host, port)])  # first: a port already taken fails before the sims start
-    try:
-        check_writable(cfg.gateway.request_log)  # one line now, not a traceback from the app's start-up
-    except ChimeraError:
-        for sock in sockets:
-            sock.close()
-        raise
+    preflight(cfg, config_path)  # one line now, not a traceback from the app's start-up
+    sockets = listen([(host, port)])  # then the port: taken, it fails before the sims start
     if workers > 1 and cfg.gateway.state == "memory":
         log.warning("--workers %d with state: memory — each process keeps its own view of the fleet; "
                     "use a redis:// state to share it", workers)  # fmt: skip
@@ -248,6 +243,22 @@ def _serve(cfg: Config, *, config_path: str, host: str | None, port: int | None,
     finally:
         for sock in sockets:
             sock.close()
+
+
+def preflight(cfg: Config, config_path: str, *, request_log: bool = True) -> None:
+    """What the gateway's start-up would fail on, checked before anything starts: the request log opens
+    (ChimeraError; ``request_log=False``: a caller that logs elsewhere) and ``gateway.predictor.model``
+    loads (ConfigError naming the key, exit 2)."""
+    if request_log:
+        check_writable(cfg.gateway.request_log)
+    pc = cfg.gateway.predictor
+    if pc is not None and pc.model:
+        from predictor import artifact
+
+        try:
+            artifact.load(pc.model)
+        except artifact.ArtifactError as exc:
+            raise ConfigError(str(exc), file=config_path, key="gateway.predictor.model") from None
 
 
 @contextlib.contextmanager

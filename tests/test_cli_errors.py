@@ -80,6 +80,19 @@ def test_serve_with_an_unwritable_request_log_is_one_line_exit_1(tmp_path: Path)
     assert _one_line(proc.stderr).startswith(f"chimera: error: cannot open the request log '{blocker}/logs/r.jsonl'")
 
 
+def test_serve_with_a_predictor_model_that_does_not_load_is_one_line_exit_2(tmp_path: Path) -> None:
+    cfg = _gateway_yaml(tmp_path, free_port(), free_port(), sim=False)
+    (tmp_path / "cut.pkl").write_bytes(b"\x80\x05\x95")  # a truncated pickle
+    for model in ("missing.pkl", "cut.pkl"):
+        cfg.write_text(cfg.read_text().split("gateway: {")[0] + "gateway: {predictor: {model: '"
+                       + str(tmp_path / model) + "'}, " + cfg.read_text().split("gateway: {", 1)[1])  # fmt: skip
+        proc = _chimera("serve", "--config", str(cfg))
+        assert proc.returncode == 2, proc.stderr
+        line = _one_line(proc.stderr)
+        assert line.startswith(f"chimera: error: {cfg}: gateway.predictor.model: {tmp_path / model}: cannot read"), line
+        cfg = _gateway_yaml(tmp_path, free_port(), free_port(), sim=False)
+
+
 def test_sim_on_a_taken_port_is_one_line_exit_1() -> None:
     with _taken_port() as port:
         proc = _chimera("sim", "--port", str(port))

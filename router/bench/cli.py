@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 from collections.abc import Callable
 from typing import TypeVar
 
 from router.errors import ConfigError
+
+EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by Ctrl-C: not a complete run
 
 T = TypeVar("T")
 
@@ -58,6 +61,9 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--no-pin", action="store_true", help="overhead: do not pin processes to cores")
 
 
+MAX_ARRIVALS = 10_000_000  # workflows (or requests) one run may schedule
+
+
 def _check(args: argparse.Namespace) -> None:
     positive = {
         "--duration": args.duration,
@@ -67,12 +73,18 @@ def _check(args: argparse.Namespace) -> None:
         "--clients": args.clients,
     }
     for key, value in positive.items():
-        if value is not None and value <= 0:
-            raise ConfigError(f"must be positive, got {value:g}", key=key)
-    if args.warmup < 0 or (args.drain is not None and args.drain < 0):
-        raise ConfigError("must not be negative", key="--warmup" if args.warmup < 0 else "--drain")
-    if any(r <= 0 for r in args.rate):
-        raise ConfigError("every rate must be positive", key="--rate")
+        if value is not None and not (value > 0 and math.isfinite(value)):  # (nan fails `<= 0` too)
+            raise ConfigError(f"must be a positive number, got {value:g}", key=key)
+    for key, value in (("--warmup", args.warmup), ("--drain", args.drain)):
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"must be a number not below 0, got {value:g}", key=key)
+    if not all(r > 0 and math.isfinite(r) for r in args.rate):
+        raise ConfigError("every rate must be a positive number", key="--rate")
+    # the arrivals are drawn up front: a rate and duration beyond any fleet would only fill the memory
+    arrivals = max(args.rate, default=0.0) * (args.duration + args.warmup)
+    if arrivals > MAX_ARRIVALS:
+        raise ConfigError(f"--rate x (--duration + --warmup) is {arrivals:.3g} arrivals; at most {MAX_ARRIVALS:,} "
+                          "per run", key="--rate")  # fmt: skip
     if args.users is not None and args.rate:
         raise ConfigError("give --rate or --users, not both", key="--users")
     if args.workload == "overhead" and args.clients != 1:
@@ -102,5 +114,9 @@ def run(args: argparse.Namespace) -> int:
         speedup=args.speedup, drain_s=args.drain, plots=not args.no_plots, replicas=args.replicas,
         clients=args.clients,
     )  # fmt: skip
-    run_bench(spec)
+    try:
+        run_bench(spec)
+    except KeyboardInterrupt:  # the runs finished so far are in results.json; say that this one is not all
+        print(f"chimera: interrupted: {args.out}/results.json holds the runs that finished", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0

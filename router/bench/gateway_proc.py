@@ -99,28 +99,56 @@ def free_port() -> int:
 
 def start(cmd: list[str], log_file: Path, cpu: int | None = None) -> subprocess.Popen[bytes]:
     """Start a server process logging to ``log_file``, pinned to ``cpu`` (as ``taskset -c CPU``)."""
+    from router.serve import die_with_parent
+
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    with log_file.open("ab") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    with log_file.open("ab") as err:  # a bench killed outright (SIGKILL, OOM) takes its servers with it
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=die_with_parent)
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(proc.pid, {cpu})
     return proc
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0, path: str = "/ready") -> None:
-    """Poll ``url + path`` until it answers 200; raise ChimeraError if the process dies or time runs out."""
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0, path: str = "/ready",
+               log_file: Path | None = None) -> None:  # fmt: skip
+    """Poll ``url + path`` until it answers 200; raise ChimeraError if the process dies (with the last line
+    of its ``log_file``: the cause) or time runs out (with the last answer: a gateway's /ready says why)."""
     deadline = time.monotonic() + timeout_s
+    last = ""
     while True:
         if proc.poll() is not None:
-            raise ChimeraError(f"server process for {url} exited with status {proc.returncode}")
+            cause = _last_line(log_file)
+            raise ChimeraError(f"server process for {url} exited with status {proc.returncode}"
+                               + (f": {cause}" if cause else ""))  # fmt: skip
         try:
-            if httpx.get(url + path, timeout=1.0).status_code == 200:
+            r = httpx.get(url + path, timeout=1.0)
+            if r.status_code == 200:
                 return
+            last = _said(r)
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise ChimeraError(f"{url}{path} did not answer 200 within {timeout_s:g} s")
+            raise ChimeraError(f"{url}{path} did not answer 200 within {timeout_s:g} s" + (f": {last}" if last else ""))
         time.sleep(0.1)
+
+
+def _said(r: httpx.Response) -> str:
+    """An answer in a few words: its status and an OpenAI envelope's message."""
+    try:
+        message = r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = ""
+    return f"{r.status_code} {message}".strip()
+
+
+def _last_line(log_file: Path | None) -> str:
+    if log_file is None:
+        return ""
+    try:
+        lines = [ln.strip() for ln in log_file.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
 
 
 def wait_replicas(

@@ -25,8 +25,8 @@ from router.bench import gateway_proc
 from router.bench.stats import latencies, summarize
 from router.bench.workloads import WORKLOADS, make_workflow
 from router.config import Config, load_config
-from router.errors import ConfigError
-from router.serve import running_sims
+from router.errors import ChimeraError, ConfigError
+from router.serve import preflight, running_sims
 
 ROLES_OF = {"codegen": ("planner", "coder", "tester"), "math": ("solver", "verifier"), "chat": ("chat",)}
 ROLES_OF["mixed"] = ROLES_OF["codegen"] + ROLES_OF["math"]
@@ -56,6 +56,7 @@ def validate(spec: BenchSpec) -> Config:
     from router.policies import available
 
     cfg = load_config(spec.config_path)
+    preflight(cfg, spec.config_path, request_log=False)  # a model that does not load: one line, not a dead gateway
     if spec.workload not in WORKLOADS:
         raise ConfigError(f"unknown workload {spec.workload!r} (one of {', '.join((*WORKLOADS, 'overhead'))})",
                           key="--workload")  # fmt: skip
@@ -151,8 +152,14 @@ def run_one(
                                        state=state, reuse_port=spec.replicas > 1)  # fmt: skip
             gws.append(gateway_proc.start(cmd, out / "logs" / f"gateway-{tag}{suffix}.log"))
         try:
-            for gw in gws:
-                gateway_proc.wait_ready(url, gw)
+            for r, gw in enumerate(gws):
+                where = out / "logs" / f"gateway-{tag}{f'-r{r}' if spec.replicas > 1 else ''}.log"
+                try:
+                    gateway_proc.wait_ready(url, gw, log_file=where)
+                except ChimeraError as exc:
+                    workers = ", ".join(f"{b.name} {b.url}" for b in fleet_cfg.backends)
+                    raise ChimeraError(f"the bench's gateway did not come up ({exc}); its workers: {workers}; "
+                                       f"its log: {where}") from None  # fmt: skip
             if len(gws) > 1:
                 admin = cfg.gateway.admin_key
                 gateway_proc.wait_replicas(url, gws, {"Authorization": f"Bearer {admin}"} if admin else None)

@@ -128,6 +128,10 @@ def test_bad_arguments_exit_2_with_one_line() -> None:
         ("--workload", "chat", "--rate", "1"),
         ("--config", cfg, "--workload", "chat", "--rate", "1", "--clients", "0"),
         ("--workload", "overhead", "--rate", "100", "--clients", "2"),
+        ("--config", cfg, "--workload", "chat", "--rate", "nan"),  # nan passes `<= 0`: once, an endless draw
+        ("--config", cfg, "--workload", "chat", "--rate", "1", "--duration", "inf"),
+        ("--config", cfg, "--workload", "chat", "--rate", "1", "--warmup", "nan"),
+        ("--config", cfg, "--workload", "chat", "--rate", "1e9"),  # more arrivals than any run could hold
     ):
         proc = _bench(*args)
         assert proc.returncode == 2, (args, proc.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from sklearn.exceptions import NotFittedError
 from threadpoolctl import threadpool_limits
 
 from predictor import artifact
-from predictor.dataset import samples
+from predictor.dataset import read_logs, samples
 from predictor.forest import PackedForest
 from predictor.latency import LatencyModel
 from predictor.length import OutputLengthModel
@@ -201,3 +202,24 @@ def test_mismatched_versions_and_schema_are_refused(fitted: Predictor, tmp_path:
     path.write_bytes(pickle.dumps({"something": "else"}))
     with pytest.raises(artifact.ArtifactError, match="not a chimera predictor"):
         artifact.load(path)
+    artifact.save(fitted, path, {})
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])  # an interrupted copy: the header whole, the model cut off
+    with pytest.raises(artifact.ArtifactError, match="cannot read the predictor's model"):
+        artifact.load(path)
+    path.write_bytes(whole[:3])  # the header itself cut off
+    with pytest.raises(artifact.ArtifactError, match="cannot read a predictor"):
+        artifact.load(path)
+
+
+def test_log_lines_with_fields_of_the_wrong_type_are_skipped(tmp_path: Path) -> None:
+    """A log is read as far as it makes sense: a line whose ``ts``, ``fleet`` or numbers are not what a
+    request record holds is skipped (as unparsable lines are), not a traceback for the whole file."""
+    good = records(20, seed=4)
+    bad = [dict(good[0], request_id="b1", ts="yesterday"), dict(good[1], request_id="b2", fleet="x"),
+           dict(good[2], request_id="b3", workflow_id="w", completion_tokens="lots"),
+           dict(good[3], request_id="b4", prompt_tokens="many")]  # fmt: skip
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [*good, *bad]) + "\nnot json\n")
+    got = read_logs([path])
+    assert len(got) == len(samples(good)) == 20  # the four bad lines (and the unparsable one) left out
