@@ -96,7 +96,6 @@ class PredictorRuntime:
         hashes = prefix_hashes(text)
         # The log's sketch: the 64 dense values, then the task's term ids (predictor.dataset splits them).
         record.sketch = [round(x, 4) for x in sk] + [float(t) for t in terms]
-        record.workflow_id, record.workflow_stage = features.workflow_id, features.workflow_stage
         hits = self.prefix.shares(hashes, features.prompt_tokens)
         return dataclasses.replace(features, sketch=sk, terms=terms, prefix_hashes=hashes, prefix_hits=hits)
 

@@ -113,6 +113,7 @@ class Completion:
         record.max_tokens, record.message_count, record.priority = (
             features.max_tokens, features.message_count, features.priority,
         )  # fmt: skip
+        record.workflow_id, record.workflow_stage = features.workflow_id, features.workflow_stage
         record.slo_ttft_ms, record.slo_tpot_ms, record.slo_e2e_ms = (
             features.ttft_slo_ms, features.tpot_slo_ms, features.e2e_slo_ms,
         )  # fmt: skip

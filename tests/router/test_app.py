@@ -224,7 +224,8 @@ def test_fleet_metrics_ready_and_request_log(gateway_server: Gw, two_models: Any
         assert time.monotonic() < deadline, "never ready"
         time.sleep(0.05)
     with _sdk(gw.url, "pk") as client:
-        client.chat.completions.create(model="auto", messages=USER, max_tokens=2)
+        client.chat.completions.create(model="auto", messages=USER, max_tokens=2,
+                                       extra_headers={"x-workflow-id": "wf-7", "x-workflow-stage": "2"})  # fmt: skip
         stream = client.chat.completions.create(model="small", messages=USER, max_tokens=4, stream=True,
                                                 stream_options={"include_usage": True})  # fmt: skip
         assert len([c for c in stream if c.choices]) == 4
@@ -268,6 +269,9 @@ def test_fleet_metrics_ready_and_request_log(gateway_server: Gw, two_models: Any
     assert sorted(x["status"] for x in lines) == [200, 200, 404]
     plain = next(x for x in lines if x["status"] == 200 and not x["stream"])
     streamed = next(x for x in lines if x["status"] == 200 and x["stream"])
+    # the workflow headers are logged with or without a predictor (`chimera predictor train` reads them)
+    assert (plain["workflow_id"], plain["workflow_stage"]) == ("wf-7", 2)
+    assert streamed["workflow_id"] is None
     for field in ("ts", "request_id", "agent", "model", "backend", "policy", "endpoint", "stream", "prompt_tokens",
                   "prompt_tokens_est", "completion_tokens", "max_tokens", "message_count", "ttft_s", "e2e_s",
                   "status", "attempts", "error", "fleet"):  # fmt: skip
