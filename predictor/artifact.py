@@ -53,10 +53,14 @@ def save(estimator: Any, path: str | Path, meta: dict[str, Any] | None = None) -
 def write(path: Path, header: dict[str, Any], estimator: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        pickle.dump(header, f, protocol=pickle.HIGHEST_PROTOCOL)
-        pickle.dump(estimator, f, protocol=pickle.HIGHEST_PROTOCOL)
-    tmp.replace(path)  # readers never see a half-written model
+    try:
+        with tmp.open("wb") as f:
+            pickle.dump(header, f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump(estimator, f, protocol=pickle.HIGHEST_PROTOCOL)
+        tmp.replace(path)  # readers never see a half-written model
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (a full disk, a path that is a directory: no half file left behind)
+        raise
 
 
 # what unpickling a file that is not (or no longer) what it should be can raise: a truncated copy, a class

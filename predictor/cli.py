@@ -61,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     if args.predictor_command == "train":
         if not 0.0 <= args.holdout < 1.0:
             raise ConfigError("must be in [0, 1)", key="--holdout")
+        out = Path(args.out)
+        if not args.out or out.is_dir():
+            raise ConfigError("must name a file to write the model to", key="--out")
+        out.parent.mkdir(parents=True, exist_ok=True)  # an unusable place fails now, not after the fit
         n_fit = len(data) - int(len(data) * args.holdout)
         t0 = time.perf_counter()
         with threadpool_limits(limits=1, user_api="openmp"):  # faster than OpenMP spinning on a shared box
