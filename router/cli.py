@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
-from router.config import Config, load_config
+from router.config import Config, PolicyOptions, load_config
 from router.errors import ChimeraError, ConfigError
 
 if TYPE_CHECKING:
@@ -90,36 +92,59 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def describe(cfg: Config, file: str) -> str:
+    """The resolved fleet, as ``chimera check`` prints it: what differs from the defaults, secrets hidden."""
     g = cfg.gateway
     lines = [
         f"{file}: ok",
-        f"gateway  {g.host}:{g.port}  policy={g.policy}  state={g.state}"
+        f"gateway  {g.host}:{g.port}  policy={g.policy}  state={_no_secret(g.state)}"
         + (f"  default_agent={g.default_agent}" if g.default_agent else ""),
-        "backends:",
     ]
+    details = []
+    if g.policy == "predictive" or g.predictor is not None:
+        model = g.predictor.model if g.predictor is not None else None
+        found = "" if model is None or Path(model).exists() else " (not found here)"
+        details.append(f"predictor={model + found if model else 'analytic prior'}")
+    changed = {k: v for k, v in g.policy_options.model_dump().items() if v != PolicyOptions.model_fields[k].default}
+    if changed:
+        details.append("policy_options[" + ", ".join(f"{k}={v}" for k, v in changed.items()) + "]")
+    details.append("admission=" + ("on" if g.admission is not None else "off"))
+    if g.request_log:
+        details.append(f"request_log={g.request_log}")
+    lines += ["  " + "  ".join(details), "backends:"]
     for b in cfg.backends:
         extra = []
         if b.sim is not None:
-            extra.append(f"sim={b.sim.profile}@{b.sim.speedup:g}x")
+            sim = b.sim
+            knobs = [f"seed={sim.seed}"] + [f"{k}={v}" for k in ("kv_tokens", "max_num_seqs", "max_num_batched_tokens")
+                                           if (v := getattr(sim, k)) is not None]  # fmt: skip
+            extra.append(f"sim={sim.profile}@{sim.speedup:g}x({','.join(knobs)})")
         if b.launch is not None:
             extra.append(f"launch={b.launch.hf_model} gpu={b.launch.gpu} kv={b.launch.kv_cache_gib:g}GiB")
         if b.tags:
             extra.append("tags=" + ",".join(b.tags))
         if b.scheduling_policy != "fcfs":
             extra.append(f"scheduling={b.scheduling_policy}")
+        if b.api_key:
+            extra.append("api_key=***")
         lines.append(
-            f"  {b.name:<14} {b.model:<16} {b.url:<26} kv={b.kv_budget_tokens:<9} "
+            f"  {b.name:<14} {b.model:<16} {_no_secret(b.url):<26} kv={b.kv_budget_tokens:<9} "
             f"max_len={b.max_model_len:<6} {' '.join(extra)}".rstrip()
         )
     lines.append("agents:")
     for a in cfg.agents:
         sla = ", ".join(f"{k}={v:g}" for k, v in a.sla.model_dump().items() if v is not None) or "none"
         keys = f"{len(a.api_keys)} key(s)" if a.api_keys else "no keys"
-        lines.append(
-            f"  {a.name:<10} models={','.join(a.models)}  sla[{sla}]  priority={a.priority}  "
-            f"on_overload={a.on_overload}  {keys}"
-        )
+        overload = f"  on_overload={a.on_overload}" if g.admission is not None else ""  # (inert without admission)
+        lines.append(f"  {a.name:<10} models={','.join(a.models)}  sla[{sla}]  priority={a.priority}{overload}  {keys}")
     return "\n".join(lines)
+
+
+def _no_secret(url: str) -> str:
+    """``url`` with its password, if any, shown as ***."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(":" + parts.password + "@", ":***@", 1)))
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -40,6 +40,24 @@ def test_check_quickstart_prints_the_fleet() -> None:
     assert "small-0" in proc.stdout and "qwen2.5-7b" in proc.stdout and "planner" in proc.stdout
 
 
+def test_check_shows_what_sets_configs_apart_and_hides_secrets(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "gateway: {policy: predictive, state: 'redis://:s3cret@127.0.0.1:6379/0', predictor: {model: nope.pkl},\n"
+        "          policy_options: {wrong_answer_s: 6}, admission: {}}\n"
+        "backends:\n  - {name: a, url: 'http://u:pw9@127.0.0.1:9', model: m, kv_budget_tokens: 10, api_key: wk-77,\n"
+        "     sim: {profile: h200-qwen2.5-0.5b, seed: 4, max_num_seqs: 8}}\n"
+        "agents:\n  - {name: x, models: [m], on_overload: reject}\n"
+    )
+    proc = _chimera("check", str(cfg))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "s3cret" not in out and "pw9" not in out and "wk-77" not in out  # secrets stay secret
+    assert "redis://:***@127.0.0.1:6379/0" in out and "http://u:***@127.0.0.1:9" in out and "api_key=***" in out
+    assert "predictor=nope.pkl (not found here)" in out and "policy_options[wrong_answer_s=6.0]" in out
+    assert "admission=on" in out and "on_overload=reject" in out and "seed=4,max_num_seqs=8" in out
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "where"),
     [
