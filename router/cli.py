@@ -7,6 +7,7 @@ A user's mistake is one line on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -258,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except ChimeraError as exc:
         print(f"chimera: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except BrokenPipeError:  # `chimera check FILE | head`: the reader left; nothing to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit's flush)
         return EXIT_FAIL
     except OSError as exc:  # e.g. an output path that cannot be written: name it
         where = f"{exc.filename}: " if exc.filename else ""

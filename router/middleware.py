@@ -87,7 +87,9 @@ class RequestContextMiddleware:
                 if record.status is None:
                     record.status = 500
                 if record.outcome is None:
-                    record.outcome = (
-                        "ok" if record.status < 400 else "disconnected" if record.status == 499 else "client_error"
-                    )
+                    status = record.status
+                    record.outcome = (  # (a 5xx here is the gateway's: no healthy worker, or a bug)
+                        "ok" if status < 400 else "disconnected" if status == 499
+                        else "client_error" if status < 500 else "server_error"
+                    )  # fmt: skip
                 gw.finish(record)

@@ -57,7 +57,7 @@ class RequestRecord:
     ttft_s: float | None = None  # streams only: when the first chunk reached the gateway
     e2e_s: float | None = None
     status: int | None = None  # the HTTP status sent (a stream broken mid-way still says 200)
-    outcome: str | None = None  # ok | client_error | worker_error | disconnected
+    outcome: str | None = None  # ok | client_error | worker_error | server_error | disconnected
     attempts: int = 0
     error: str | None = None  # the error's class name, e.g. WorkerTimeout, BadRequest
     fleet: dict[str, Any] | None = None  # the chosen worker's load at dispatch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--by-length", action="store_true", help="short vs long requests from the request logs")
     args = p.parse_args(argv)
     out = Path(args.dir)
+    if not (out / "results.json").is_file():
+        print(f"{out}: no results.json here (the --out of a chimera bench run)", file=sys.stderr)
+        return 2
     if args.by_length:
         print(by_length(out))
         return 0
