@@ -17,6 +17,7 @@ from router.errors import BadRequest, ModelNotAllowed, ModelNotFound
 from router.types import Endpoint, RequestFeatures
 
 DEFAULT_OUTPUT_TOKENS = 512  # reserved for a request that names no max_tokens
+COMPLETION_MAX_TOKENS = 16  # a completion without max_tokens: vLLM's (and OpenAI's) default
 MESSAGE_OVERHEAD_TOKENS = 4  # chat template tokens around each message
 
 
@@ -197,7 +198,8 @@ def reserved_tokens(features: RequestFeatures, predicted_output: float | None = 
     """KV tokens a dispatched request claims: its prompt plus its output cap (or a default), or,
     where the policy predicted the output's length, that prediction (never above the cap), once per
     answer it asks for (``n``, and each prompt of a batched completion)."""
-    cap = features.max_tokens or DEFAULT_OUTPUT_TOKENS
+    limit = features.max_tokens or (COMPLETION_MAX_TOKENS if features.endpoint == "completions" else None)
+    cap = limit or DEFAULT_OUTPUT_TOKENS
     if predicted_output is not None and predicted_output > 0:
-        cap = min(cap, math.ceil(predicted_output)) if features.max_tokens else math.ceil(predicted_output)
+        cap = min(cap, math.ceil(predicted_output)) if limit else math.ceil(predicted_output)
     return features.prompt_tokens + features.sequences * cap

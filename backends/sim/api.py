@@ -8,6 +8,7 @@ stream costs one chunk per token and ``json.dumps`` per chunk would dominate the
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -37,6 +38,9 @@ class ApiError(Exception):
         return json.dumps({"error": err}).encode()
 
 
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
 @dataclass(frozen=True)
 class Completion:
     """A validated completion request."""
@@ -54,6 +58,7 @@ class Completion:
     seed: int | None
     random_sampling: bool = False  # temperature > 0 (absent: vLLM's default 1.0), so not a greedy argmax
     priority: int = 0  # vLLM's request priority (lower first): only --scheduling-policy priority reads it
+    request_id: str | None = None  # the caller's X-Request-Id (the response's id is built on it)
     n: int = 1  # answers per prompt
     batch: tuple[tuple[str, list[int]], ...] = ()  # every prompt of a batched completion (text, ids), in order
 
@@ -64,7 +69,12 @@ class Completion:
 
 
 def parse_completion(
-    body: bytes, chat: bool, served_model: str, max_model_len: int, tokenizer: Tokenizer = WORDS_TOKENIZER
+    body: bytes,
+    chat: bool,
+    served_model: str,
+    max_model_len: int,
+    tokenizer: Tokenizer = WORDS_TOKENIZER,
+    request_id: str | None = None,
 ) -> Completion:
     try:
         req = json.loads(body)
@@ -72,7 +82,7 @@ def parse_completion(
         raise ApiError(400, f"Invalid JSON body: {exc}") from exc
     if not isinstance(req, dict):
         raise ApiError(400, "The request body must be a JSON object")
-    model = req.get("model", served_model)
+    model = req.get("model") or served_model  # absent, null or "": the served model, as vLLM takes it
     if model != served_model:
         raise ApiError(404, f"The model `{model}` does not exist.", "model")
     if chat:
@@ -98,8 +108,11 @@ def parse_completion(
     if options is not None and not stream:
         raise ApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
-    max_tokens = _opt_int(req, "max_completion_tokens", None) if chat else None
-    max_tokens = _opt_int(req, "max_tokens", max_tokens)
+    # as vLLM reads them: chat's max_completion_tokens wins over max_tokens; a completion without either
+    # stops at 16 tokens (CompletionRequest's default, OpenAI's too), a chat answer at the context's end
+    max_tokens = _opt_int(req, "max_tokens", None if chat else COMPLETION_DEFAULT_MAX_TOKENS)
+    if chat:
+        max_tokens = _opt_int(req, "max_completion_tokens", max_tokens)
     prompt_len = max(len(b[1]) for b in batch)  # a batch's longest prompt bounds its answers
     if max_tokens is None:
         max_tokens = max_model_len - prompt_len
@@ -138,6 +151,7 @@ def parse_completion(
         seed=_opt_int(req, "seed", None),
         random_sampling=_random_sampling(req.get("temperature")),
         priority=priority,
+        request_id=request_id,
         n=n,
         batch=tuple(batch),
     )
@@ -208,8 +222,14 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     }
 
 
-def new_id(chat: bool) -> str:
-    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+_ID_SAFE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def new_id(chat: bool, request_id: str | None = None) -> str:
+    """The response's id: vLLM's ``chatcmpl-`` / ``cmpl-`` and the caller's X-Request-Id where it gave a usable
+    one (as vLLM's ``_base_request_id``), else a random one."""
+    base = request_id if request_id and _ID_SAFE.fullmatch(request_id) else uuid.uuid4().hex
+    return ("chatcmpl-" if chat else "cmpl-") + base
 
 
 def full_response(

@@ -40,7 +40,7 @@ def fan_out(c: Completion, req_id: str, make: MakeRequest) -> list[Request]:
 async def complete_many(engine: Engine, model: str, c: Completion, make: MakeRequest, receive: Receive,
                         send: Send) -> None:  # fmt: skip
     """Answer ``c`` (``c.choices`` > 1) with one engine request per choice."""
-    req_id = api.new_id(c.chat)
+    req_id = api.new_id(c.chat, c.request_id)
     reqs = fan_out(c, req_id, make)
     for r in reqs:
         r.notify_each = c.stream

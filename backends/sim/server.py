@@ -128,9 +128,11 @@ class SimApp:
                 if method != "POST":
                     raise ApiError(405, "Method Not Allowed")
                 body = await _read_body(receive)
+                rid = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), None)
                 req = api.parse_completion(
-                    body, path.endswith("chat/completions"), self.model, self.max_model_len, self.profile.tokenizer
-                )
+                    body, path.endswith("chat/completions"), self.model, self.max_model_len, self.profile.tokenizer,
+                    rid,
+                )  # fmt: skip
                 await self._complete(req, receive, send)
             elif method != "GET":
                 raise ApiError(405 if path in ("/health", "/v1/models", "/metrics") else 404, "Method Not Allowed")
@@ -179,7 +181,7 @@ class SimApp:
             await complete_many(self.engine, self.model, c, functools.partial(self._request, c), receive, send)
             return
         key = c.prompt_text if c.seed is None else f"{c.seed}\x00{c.prompt_text}"
-        req = self._request(c, api.new_id(c.chat), key, c.prompt_ids)
+        req = self._request(c, api.new_id(c.chat, c.request_id), key, c.prompt_ids)
         req.notify_each = c.stream
         watcher = asyncio.create_task(self._abort_on_disconnect(req, receive))
         self.engine.submit(req)

@@ -198,6 +198,30 @@ def test_error_envelopes(sim_server: SimServer, sim_profile: Profile) -> None:
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
 
 
+def test_defaults_and_ids_as_vllm_reads_them(sim_server: SimServer, sim_profile: Profile) -> None:
+    srv = sim_server(profile=sim_profile())
+    long = {"sim": {"output_tokens": 100}}
+    with sdk(srv) as client:
+        done = client.completions.create(model="sim-test", prompt="hello there", extra_body=long)
+        assert done.usage is not None and done.usage.completion_tokens == 16  # CompletionRequest's default
+        assert done.choices[0].finish_reason == "length"
+        chat = client.chat.completions.create(model="sim-test", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=5, max_completion_tokens=2, extra_body=long)  # fmt: skip
+        assert chat.usage is not None and chat.usage.completion_tokens == 2  # max_completion_tokens wins
+        named = client.chat.completions.create(model="sim-test", messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=2, extra_headers={"x-request-id": "req-42"})  # fmt: skip
+        assert named.id == "chatcmpl-req-42"  # vLLM builds the id on the caller's X-Request-Id
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        json={"model": None, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert r.status_code == 200 and r.json()["model"] == "sim-test"  # no model: the served one
+    odd = httpx.post(f"{srv.url}/v1/chat/completions", headers={"x-request-id": 'a"b'},
+                     json={"model": "sim-test", "max_tokens": 2, "stream": True,
+                           "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert odd.status_code == 200 and 'a"b' not in odd.text  # an id unfit for JSON is replaced, not spliced in
+
+
 def test_several_answers_n_and_a_batch_of_prompts(sim_server: SimServer, sim_profile: Profile) -> None:
     """As vLLM: one choice per answer (index = prompt x n + i), usage counting each prompt once."""
     srv = sim_server(profile=sim_profile())
