@@ -59,6 +59,10 @@ class Grant:
     tokens: int  # what the proxy will reserve on decision.ranked[0]
 
 
+class _Displaced(Exception):
+    """A queued request's place was taken by a more urgent one while the queue was full."""
+
+
 @dataclass(eq=False, slots=True)
 class Waiter:
     features: RequestFeatures
@@ -92,6 +96,10 @@ class AdmissionQueue:
         w = Waiter(features, arrived, now, deadline, self.key(features.priority, now), next(self._seq), future)
         bisect.insort(self._items, w, key=lambda x: (x.key, x.seq))
         return w
+
+    def last(self) -> Waiter | None:
+        """The least urgent entry."""
+        return self._items[-1] if self._items else None
 
     def remove(self, w: Waiter) -> bool:
         with contextlib.suppress(ValueError):
@@ -158,6 +166,8 @@ class AdmissionController:
         grant, first = self._try(f, f.priority, arrived, now)
         if grant is not None and not self.queue.ahead(f, now):
             return grant.decision, grant.eligible
+        if self._never_fits(f):  # the worker will refuse it (400): neither a 429 nor a place in the queue helps
+            return first, eligible_workers(self.state.snapshot(), f)
         mode = agent.on_overload if agent is not None else "queue"
         if mode == "degrade" and agent is not None:
             return self._degrade(call, agent, arrived, now)
@@ -188,6 +198,13 @@ class AdmissionController:
             return None, first
         return Grant(decision, room_snap, reserved_tokens(f, decision.predicted.get("output_tokens"))), first
 
+    def _never_fits(self, f: RequestFeatures) -> bool:
+        """Whether no worker serving the request's models has the context for its prompt (estimated) and its
+        ``max_tokens``: vLLM answers such a request 400 at once, so it goes to a worker now rather than waiting
+        for room (at the head of the queue it would hold up every request behind it)."""
+        need = f.prompt_tokens + (f.max_tokens or 0)
+        return not any(need <= b.max_model_len for b in self.state.snapshot().backends if b.model in f.models)
+
     def _limit(self, priority: float) -> float:
         o = self.options
         return o.kv_full_ratio * max(MIN_LIMIT_SHARE, 1.0 - o.priority_headroom * max(0.0, priority))
@@ -216,7 +233,12 @@ class AdmissionController:
     async def _wait(self, call: ProxyCall, arrived: float, first: Decision) -> tuple[Decision, FleetSnapshot]:
         f, o = call.features, self.options
         if len(self.queue) >= o.max_queue:
-            raise self._reject(call, "queue_full", first)
+            # full: a more urgent newcomer takes the place of the least urgent entry (that one gets the 429)
+            last = self.queue.last()
+            if last is None or last.future.done() or last.key <= self.queue.key(f.priority, self.clock()):
+                raise self._reject(call, "queue_full", first)
+            self.queue.remove(last)
+            last.future.set_exception(_Displaced())
         ttft_ms, e2e_ms = self._service_ms(f, first)
         budget_s = o.max_queue_wait_s
         if f.ttft_slo_ms is not None:
@@ -233,6 +255,8 @@ class AdmissionController:
                 grant = await w.future
         except TimeoutError:
             raise self._reject(call, "queue_timeout", first) from None
+        except _Displaced:
+            raise self._reject(call, "queue_full", first) from None
         finally:
             self.queue.remove(w)
             self._unhold(w)  # the proxy reserves in the same step as this returns
@@ -298,7 +322,7 @@ class AdmissionController:
                 variants.append((replace(capped, models=smaller), ("model", "max_tokens")))
         for g, kinds in variants:
             grant, _ = self._try(g, g.priority, arrived, now)
-            if grant is None:
+            if grant is None or self.queue.ahead(g, now):  # degraded, it still does not overtake the more urgent
                 continue
             labels = []
             if "model" in kinds:
@@ -308,6 +332,8 @@ class AdmissionController:
                 payload = {**call.payload, "max_tokens": cap}
                 if "max_completion_tokens" in payload:
                     payload["max_completion_tokens"] = cap
+                if isinstance(payload.get("min_tokens"), int) and payload["min_tokens"] > cap:
+                    payload["min_tokens"] = cap  # else the worker refuses min_tokens > max_tokens (400)
                 call.set_payload(payload)
                 labels.append(f"max_tokens={cap}")
                 call.record.max_tokens = cap

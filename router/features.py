@@ -137,12 +137,18 @@ def _header_float(headers: Mapping[str, str], name: str) -> float | None:
     return v if math.isfinite(v) and v > 0 else None
 
 
+HEADER_INT_MAX = 1000  # x-priority, x-workflow-stage: beyond this no difference is meant (and none overflows)
+
+
 def _header_int(headers: Mapping[str, str], name: str) -> int | None:
     text = headers.get(name)
     if not text:
         return None
+    text = text.strip()
+    if len(text) > 12:  # (int() of a 400-digit header works; the floats made of it later do not)
+        return HEADER_INT_MAX if text.isdigit() else None
     try:
-        return max(0, int(text.strip()))
+        return min(HEADER_INT_MAX, max(0, int(text)))
     except ValueError:
         return None
 

@@ -228,3 +228,51 @@ async def test_a_predicted_sla_miss_on_a_loaded_worker_is_unservable() -> None:
         await ctl.admit(rig.call("crawler"))
     predicted_ms["e2e_ms"] = 1000.0
     await ctl.admit(rig.call("crawler"))
+
+
+async def test_a_request_no_worker_has_the_context_for_goes_at_once() -> None:
+    """max_tokens beyond every worker's max_model_len: vLLM answers 400 at once, so admission neither answers
+    429 (no retry would help) nor queues it (at the head it would hold up everything behind it)."""
+    rig = Rig(config())
+    await rig.fill("w-big"), await rig.fill("w-small")
+    for agent in ("crawler", "batch"):  # reject, queue
+        decision, _ = await asyncio.wait_for(rig.ctl.admit(rig.call(agent, max_tokens=10**9)), 1.0)
+        assert decision.ranked and len(rig.ctl.queue) == 0
+
+
+async def test_a_full_queue_makes_room_for_a_more_urgent_request() -> None:
+    rig = Rig(config(max_queue=2))
+    await rig.fill("w-big"), await rig.fill("w-small")
+    low = [asyncio.create_task(rig.ctl.admit(rig.call("batch"))) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    assert len(rig.ctl.queue) == 2
+    urgent = asyncio.create_task(rig.ctl.admit(rig.call("ui")))
+    await asyncio.sleep(0.05)
+    done = [t for t in low if t.done()]
+    assert len(done) == 1 and isinstance(done[0].exception(), Overloaded)  # the last batch entry: displaced
+    assert done[0].exception().code == "queue_full"  # type: ignore[union-attr]
+    assert not urgent.done() and len(rig.ctl.queue) == 2
+    with pytest.raises(Overloaded) as err:  # a newcomer no more urgent than the last entry: 429 as before
+        await rig.ctl.admit(rig.call("batch"))
+    assert err.value.code == "queue_full"
+    for t in (urgent, *low):
+        t.cancel()
+    await asyncio.gather(urgent, *low, return_exceptions=True)
+    await rig.ctl.close()
+
+
+async def test_degrading_neither_overtakes_the_more_urgent_nor_breaks_min_tokens() -> None:
+    rig = Rig(config())
+    await rig.fill("w-big", 550), await rig.fill("w-small", 550)
+    waiting = asyncio.create_task(rig.ctl.admit(rig.call("ui", max_tokens=400)))  # p0 may fill 800: does not fit
+    await asyncio.sleep(0.05)
+    assert len(rig.ctl.queue) == 1
+    with pytest.raises(Overloaded):  # capped to 16 it would fit p5's 600, but ui is queued ahead of it
+        await rig.ctl.admit(rig.call("lite", max_tokens=100))
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    call = rig.call("lite", max_tokens=100)
+    call.set_payload({**call.payload, "min_tokens": 50})
+    await rig.ctl.admit(call)
+    assert call.payload["max_tokens"] == 16 and call.payload["min_tokens"] == 16  # else vLLM's 400
+    await rig.ctl.close()

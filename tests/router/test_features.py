@@ -136,3 +136,11 @@ def test_every_answer_asked_for_is_reserved() -> None:
     assert reserved_tokens(f, predicted_output=10) == batch.prompt_tokens + 4 * 10
     f1 = build_features("completions", CHEAP, ("small",), one, {}, seq=0)
     assert reserved_tokens(f1) == one.prompt_tokens + 50
+
+
+def test_integer_headers_are_bounded() -> None:
+    parsed = parse_body("chat", {"model": "auto", "messages": [{"role": "user", "content": "x"}]})
+    f = build_features("chat", PLANNER, ("big",), parsed, {"x-priority": "9" * 400, "x-workflow-stage": "7" * 30}, 0)
+    assert f.priority == 1000 and f.workflow_stage == 1000  # a 400-digit priority once overflowed a float (500)
+    f = build_features("chat", PLANNER, ("big",), parsed, {"x-priority": "-" + "9" * 40}, 0)
+    assert f.priority == PLANNER.priority
