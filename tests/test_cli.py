@@ -16,7 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import interrupt
+from tests.conftest import interrupt, wait_answering
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -196,15 +196,7 @@ def test_serve_with_two_processes_audits_and_counts_every_request(tmp_path: Path
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{gw}/v1", api_key="unused", max_retries=0)
-        deadline = time.monotonic() + 40
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{gw}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
-            time.sleep(0.2)
+        wait_answering(f"http://127.0.0.1:{gw}/health", proc)
         for _ in range(6):
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

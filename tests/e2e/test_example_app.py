@@ -6,13 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.conftest import free_port, interrupt
+from tests.conftest import free_port, interrupt, wait_answering
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,15 +28,7 @@ def test_the_example_app_runs_its_agents_through_the_gateway(tmp_path: Path) -> 
     serve = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)], cwd=ROOT, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
-        deadline = time.monotonic() + 40
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{gw}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert serve.poll() is None and time.monotonic() < deadline, "the gateway did not come up"
-            time.sleep(0.2)
+        wait_answering(f"http://127.0.0.1:{gw}/ready", serve)
         app = [sys.executable, str(ROOT / "examples" / "multi_agent_app.py")]
         run = subprocess.run([*app, "--sim", "a todo list"], env=env, capture_output=True, text=True, timeout=60)
         bad_key = subprocess.run([*app, "x"], env={**env, "CODER_KEY": "nope", "PLANNER_KEY": "nope"},
