@@ -35,6 +35,7 @@ from backends.client import WorkerResponse
 from router.errors import (
     ClientError,
     NoHealthyWorker,
+    Overloaded,
     UpstreamFailed,
     UpstreamTimedOut,
     WorkerError,
@@ -44,6 +45,7 @@ from router.errors import (
 )
 from router.features import prefill_tokens, reserved_tokens
 from router.gateway import Gateway
+from router.ratelimit import refund_rate_limits
 from router.requestlog import RequestRecord
 from router.sse import SSECutter
 from router.state.base import Feedback, Reservation
@@ -120,7 +122,11 @@ class ProxyResponse:
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw, call, rec = self.gw, self.call, self.call.record
         if gw.admission is not None:  # may queue, degrade the call, or raise Overloaded (429)
-            decision, eligible = await gw.admission.admit(call)
+            try:
+                decision, eligible = await gw.admission.admit(call)
+            except Overloaded:
+                await refund_rate_limits(gw, call.features)
+                raise
         else:
             decision, eligible = choose(gw, call.features)
         rec.policy, rec.reason = gw.policy_name, decision.reason

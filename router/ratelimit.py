@@ -4,7 +4,9 @@ The buckets live in the FleetState (``take_tokens``): in this process for ``memo
 every replica at once (one Lua call per request). A request costs one request and its reserved
 tokens — the prompt estimate plus ``max_tokens`` (or the default reservation), as OpenAI counts
 ``max_tokens`` against a token limit. Over the limit: 429 with the seconds until the buckets hold
-enough as ``Retry-After``.
+enough as ``Retry-After``. A request that admission then turns away (429 ``overloaded``, ``queue_full``,
+``queue_timeout``) gets its take back (:func:`refund_rate_limits`): a client that honours Retry-After
+must not find its minute spent by requests that were never served.
 """
 
 from __future__ import annotations
@@ -33,3 +35,12 @@ async def enforce_rate_limits(
     limits = ", ".join(f"{k} {v}" for k, v in (("rpm", agent.rpm), ("tpm", agent.tpm)) if v is not None)
     raise Overloaded(f"agent {agent.name!r} is over its rate limit ({limits}); retry after {wait:.1f} s",
                      retry_after_s=math.ceil(wait), code="rate_limit_exceeded")  # fmt: skip
+
+
+async def refund_rate_limits(gw: Gateway, features: RequestFeatures) -> None:
+    """Give back what :func:`enforce_rate_limits` took for a request that was not served (a negative take:
+    the buckets refill by it, never above a minute's allowance)."""
+    agent = gw.config.agent(features.agent)
+    if agent is None or (agent.rpm is None and agent.tpm is None):
+        return
+    await gw.state.take_tokens(agent.name, -1, -reserved_tokens(features), agent.rpm, agent.tpm)

@@ -102,3 +102,43 @@ def test_gateway_answers_429_with_retry_after(sim_server: Callable[..., ServerTh
             client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert err.value.response.headers["retry-after"] == "30"  # one request per 30 s
     assert err.value.code == "rate_limit_exceeded"
+
+
+async def test_a_negative_take_gives_back_never_above_a_minute(make_state: Make) -> None:
+    st = await make_state()
+    assert await st.take_tokens("a", 2, 0, 2, None) == 0
+    assert await st.take_tokens("a", 1, 0, 2, None) > 0
+    assert await st.take_tokens("a", -1, 0, 2, None) == 0  # a refund (a request turned away after its take)
+    assert await st.take_tokens("a", 1, 0, 2, None) == 0
+    assert await st.take_tokens("a", 1, 0, 2, None) > 0
+    for _ in range(5):  # refunds beyond the allowance do not raise it
+        await st.take_tokens("b", -1, -100, 2, 100)
+    assert await st.take_tokens("b", 2, 100, 2, 100) == 0
+    assert await st.take_tokens("b", 1, 0, 2, 100) > 0
+
+
+Srv = Callable[..., ServerThread]
+
+
+def test_requests_admission_turns_away_do_not_spend_the_rate_limit(fake_server: Srv, gateway_server: Srv) -> None:
+    from tests.e2e.fakes import FakeWorker
+
+    cfg = make_config([{"name": "w0", "url": fake_server(FakeWorker(model="m")).url, "model": "m",
+                        "kv_budget_tokens": 1000}],
+                      agents=[{"name": "crawl", "models": ["m"], "rpm": 2, "on_overload": "reject"}],
+                      default_agent="crawl", admission={"kv_full_ratio": 0.8})  # fmt: skip
+    state = MemoryFleetState(cfg.backends, cfg.gateway.health)
+    held = asyncio.run(state.reserve("w0", 900))  # the worker is full: admission rejects
+    gw = gateway_server(cfg, state=state)
+    hi = [{"role": "user", "content": "hi"}]
+    with openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0) as client:
+        for _ in range(4):
+            with pytest.raises(openai.RateLimitError) as err:
+                client.chat.completions.create(model="auto", messages=hi, max_tokens=4)
+            assert err.value.code == "overloaded"  # never rate_limit_exceeded: the refusals took nothing
+        asyncio.run(state.release(held))
+        for _ in range(2):
+            client.chat.completions.create(model="auto", messages=hi, max_tokens=4)
+        with pytest.raises(openai.RateLimitError) as err:
+            client.chat.completions.create(model="auto", messages=hi, max_tokens=4)
+        assert err.value.code == "rate_limit_exceeded"  # the two served requests spent the minute
