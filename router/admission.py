@@ -97,6 +97,11 @@ class AdmissionQueue:
         bisect.insort(self._items, w, key=lambda x: (x.key, x.seq))
         return w
 
+    def tokens_ahead(self, features: RequestFeatures, now: float) -> int:
+        """The reserved tokens of the queued requests more urgent now than ``features`` for one of its models."""
+        key, models = self.key(features.priority, now), set(features.models)
+        return sum(reserved_tokens(w.features) for w in self._items if w.key < key and models & set(w.features.models))
+
     def last(self) -> Waiter | None:
         """The least urgent entry."""
         return self._items[-1] if self._items else None
@@ -355,21 +360,27 @@ class AdmissionController:
                           retry_after_s=retry, code=reason)  # fmt: skip
 
     def _drain_s(self, f: RequestFeatures, first: Decision) -> float:
-        """Predicted seconds until a worker has room for ``f``: the share of its reservations that
-        must finish x how long a request holds one (+ the queue ahead of it), in [1, 60]."""
+        """Predicted seconds until a worker has room for ``f``: (the share of its reservations that must
+        finish + one more per worker's worth of the queued requests that go first) x how long a request
+        holds one, in [1, 60]."""
         try:
             eligible = eligible_workers(self.state.snapshot(), f)
         except NoHealthyWorker:
             return 1.0
         own, limit, best = reserved_tokens(f, first.predicted.get("output_tokens")), self._limit(f.priority), math.inf
+        # the queued requests that go first (more urgent now, for one of its models) need their room too: their
+        # tokens come on top of this one's, spread over the workers that could take them
+        ahead = self.queue.tokens_ahead(f, self.clock()) / max(1, len(eligible.backends))
         for v in eligible.backends:
             load = v.inflight_tokens + self._held.get(v.name, (0, 0))[1]
-            excess = load + own - limit * v.kv_budget_tokens
-            share = 0.0 if excess <= 0 else min(1.0, excess / max(1, load))
+            room = max(1.0, limit * v.kv_budget_tokens)
+            excess = load + own - room
+            # the share of a holding period to wait: what must free of the load now (an idle worker takes any
+            # request, so at most all of it), then one more period per worker's worth of the queue ahead
+            share = (0.0 if excess <= 0 else min(1.0, excess / max(1, load))) + ahead / room
             if self.options.max_waiting is not None and (v.waiting or 0) > self.options.max_waiting:
                 share = max(share, 1.0 / max(1, v.running or 1))
             best = min(best, share * self._occupancy_s(v, f, first))
-        best += len(self.queue) * self.options.tick_s
         return min(MAX_RETRY_AFTER_S, max(1.0, best if math.isfinite(best) else 1.0))
 
     def _occupancy_s(self, v: BackendView, f: RequestFeatures, first: Decision) -> float:

@@ -276,3 +276,24 @@ async def test_degrading_neither_overtakes_the_more_urgent_nor_breaks_min_tokens
     await rig.ctl.admit(call)
     assert call.payload["max_tokens"] == 16 and call.payload["min_tokens"] == 16  # else vLLM's 400
     await rig.ctl.close()
+
+
+async def test_retry_after_counts_the_queue_that_goes_first() -> None:
+    """A rejected request's Retry-After includes the room the more urgent queued requests will take first
+    (it was 1 s whatever the queue: clients that honour it came back again and again in vain)."""
+    rig = Rig(config())
+    await rig.fill("w-big"), await rig.fill("w-small")
+    with pytest.raises(Overloaded) as err:
+        await rig.ctl.admit(rig.call("crawler"))
+    alone = int(err.value.headers()["Retry-After"])
+    queued = [asyncio.create_task(rig.ctl.admit(rig.call("ui", max_tokens=500))) for _ in range(6)]
+    await asyncio.sleep(0.05)
+    assert len(rig.ctl.queue) == 6
+    with pytest.raises(Overloaded) as err:
+        await rig.ctl.admit(rig.call("crawler"))
+    behind = int(err.value.headers()["Retry-After"])
+    assert alone == 1 and behind >= 8, (alone, behind)  # ~3,000 tokens ahead on a 600-token room: 5 periods of 2 s
+    for t in queued:
+        t.cancel()
+    await asyncio.gather(*queued, return_exceptions=True)
+    await rig.ctl.close()
