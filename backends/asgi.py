@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class BodyTooLong(Exception):
@@ -29,3 +30,10 @@ async def read_body(receive: Receive, limit: int | None = None) -> bytes | None:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    """A whole answer: status, ``headers`` and its content-length, then ``body``."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -22,6 +22,7 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
+from backends.sim.api import PID_HEADER
 from router.config import BackendConfig, Config, load_config
 from router.errors import ChimeraError, ConfigError
 from router.listen import check_free, listen, where
@@ -32,7 +33,6 @@ from router.wire import SERVER_OPTIONS
 
 log = logging.getLogger("chimera.serve")
 
-SIM_PID_HEADER = "x-chimera-sim-pid"  # a simulated worker's pid in its /health answer (backends.sim.server)
 CONFIG_ENV = "CHIMERA_CONFIG"  # how `--workers N` hands the config path to each uvicorn worker
 
 
@@ -40,40 +40,32 @@ def sim_command(backend: BackendConfig, *colocated: BackendConfig) -> list[str]:
     """The `chimera sim` command line that serves ``backend`` as a simulated worker.
 
     ``colocated``: more ``sim:`` backends on the same GPU, served by the same process (``--also``)
-    on one shared GPU clock.
+    on one shared GPU clock (the config has checked that they share its speedup).
     """
     spec = backend.sim
     assert spec is not None
-    cmd = [
-        sys.executable, "-m", "router.cli", "sim",
-        "--host", backend.host, "--port", str(backend.port),
-        "--model", backend.model, "--profile", spec.profile,
-        "--speedup", repr(spec.speedup), "--seed", str(spec.seed),
-        "--kv-tokens", str(spec.kv_tokens or backend.kv_budget_tokens),
-        "--max-model-len", str(backend.max_model_len),
-    ]  # fmt: skip
-    if spec.max_num_seqs:
-        cmd += ["--max-num-seqs", str(spec.max_num_seqs)]
-    if spec.max_num_batched_tokens:
-        cmd += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
-    if backend.scheduling_policy != "fcfs":
-        cmd += ["--scheduling-policy", backend.scheduling_policy]
+    cmd = [sys.executable, "-m", "router.cli", "sim", "--port", str(backend.port), "--speedup", repr(spec.speedup)]
+    for key, value in _sim_settings(backend):
+        cmd += ["--" + key.replace("_", "-"), value]
     for b in colocated:
-        s = b.sim
-        assert s is not None
-        if s.speedup != spec.speedup:
-            raise ChimeraError(f"simulated workers {backend.name} and {b.name} share gpu {backend.gpu} "
-                               f"but not their speedup ({spec.speedup:g} vs {s.speedup:g})")  # fmt: skip
-        also = f"port={b.port},host={b.host},model={b.model},profile={s.profile},seed={s.seed}"
-        also += f",kv_tokens={s.kv_tokens or b.kv_budget_tokens},max_model_len={b.max_model_len}"
-        if s.max_num_seqs:
-            also += f",max_num_seqs={s.max_num_seqs}"
-        if s.max_num_batched_tokens:
-            also += f",max_num_batched_tokens={s.max_num_batched_tokens}"
-        if b.scheduling_policy != "fcfs":
-            also += f",scheduling_policy={b.scheduling_policy}"
-        cmd += ["--also", also]
+        cmd += ["--also", ",".join(f"{key}={value}" for key, value in [("port", str(b.port)), *_sim_settings(b)])]
     return cmd
+
+
+def _sim_settings(b: BackendConfig) -> list[tuple[str, str]]:
+    """A ``sim:`` backend's `chimera sim` settings as (name, value): the first worker's flags, an ``--also``
+    item's keys."""
+    s = b.sim
+    assert s is not None
+    out = [("host", b.host), ("model", b.model), ("profile", s.profile), ("seed", str(s.seed)),
+           ("kv_tokens", str(s.kv_tokens or b.kv_budget_tokens)), ("max_model_len", str(b.max_model_len))]  # fmt: skip
+    if s.max_num_seqs:
+        out.append(("max_num_seqs", str(s.max_num_seqs)))
+    if s.max_num_batched_tokens:
+        out.append(("max_num_batched_tokens", str(s.max_num_batched_tokens)))
+    if b.scheduling_policy != "fcfs":
+        out.append(("scheduling_policy", b.scheduling_policy))
+    return out
 
 
 def sim_groups(backends: Sequence[BackendConfig]) -> list[list[BackendConfig]]:
@@ -156,7 +148,7 @@ def _wait_healthy(b: BackendConfig, p: subprocess.Popen[bytes], deadline: float)
             raise ChimeraError(f"simulated worker {b.name} exited: {err[-1] if err else p.returncode}")
         try:
             r = httpx.get(b.url + "/health", timeout=1.0)
-            if r.status_code == 200 and r.headers.get(SIM_PID_HEADER) == str(p.pid):
+            if r.status_code == 200 and r.headers.get(PID_HEADER) == str(p.pid):
                 return
             foreign = r.status_code == 200
         except httpx.HTTPError:

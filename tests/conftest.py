@@ -33,21 +33,6 @@ def interrupt(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:
         proc.wait()
 
 
-def wait_answering(url: str, proc: subprocess.Popen[Any], timeout_s: float = 40.0) -> None:
-    """Until ``url`` answers 200 (a process's /health or /ready); fails the test if ``proc`` exits first."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, f"{url} did not answer 200"
-        time.sleep(0.2)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,7 +16,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import interrupt, wait_answering
+from router.bench.gateway_proc import wait_ready
+from tests.conftest import interrupt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -196,7 +197,7 @@ def test_serve_with_two_processes_audits_and_counts_every_request(tmp_path: Path
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{gw}/v1", api_key="unused", max_retries=0)
-        wait_answering(f"http://127.0.0.1:{gw}/health", proc)
+        wait_ready(f"http://127.0.0.1:{gw}", proc, timeout_s=40, path="/health")
         for _ in range(6):
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
+from backends.sim.api import PID_HEADER as SIM_PID_HEADER
 from router.cli import _build_parser, main, sim_workers
 from router.config import BackendConfig
 from router.errors import ChimeraError
-from router.serve import SIM_PID_HEADER, _wait_healthy, sim_command, sim_groups
+from router.serve import _wait_healthy, sim_command, sim_groups
 from tests.conftest import free_port, interrupt, make_config, serve_asgi
 
 ROOT = Path(__file__).resolve().parents[1]

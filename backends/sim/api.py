@@ -222,6 +222,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     }
 
 
+def answer_key(c: Completion, text: str, choice: int = 0) -> str:
+    """What a prompt's answer is drawn on: its text (and the request's ``seed``); answer ``choice`` > 0 of an
+    ``n`` > 1 request on a key of its own, so that the answers differ."""
+    key = text if c.seed is None else f"{c.seed}\x00{text}"
+    return f"{key}\x00choice {choice}" if choice else key
+
+
 _ID_SAFE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
@@ -296,12 +303,24 @@ class ChunkWriter:
             b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n'
         )
 
+    def token_chunks(self, out: list[int], start: int, stop: int, finish_reason: str | None = None) -> list[bytes]:
+        """The chunks of tokens ``out[start:stop]`` (a space before every word but the answer's first); with
+        ``finish_reason``, the last of them is the finishing chunk that carries it."""
+        head, tail, words, spaced = self.head, self.tail, WORDS, SPACED_WORDS
+        last = stop - 1 if finish_reason is not None else stop
+        parts = [head + (spaced[out[i]] if i else words[out[i]]) + tail for i in range(start, last)]
+        if finish_reason is not None:
+            word = spaced[out[last]] if last else words[out[last]]
+            parts.append(head + word + self.final_tail % finish_reason.encode())
+        return parts
+
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         u = json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":")).encode()
         return b"data: " + self._envelope + b'"choices":[],"usage":' + u + b"}\n\n"
 
 
 DONE = b"data: [DONE]\n\n"
+PID_HEADER = "x-chimera-sim-pid"  # the sim's pid in its /health answer: `chimera serve` checks it started that one
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 

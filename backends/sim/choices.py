@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from backends.asgi import respond
 from backends.sim import api
 from backends.sim.api import JSON_HEADERS, SSE_HEADERS, ChunkWriter, Completion
 from backends.sim.engine import Engine, Request, Status
@@ -29,12 +30,8 @@ MakeRequest = Callable[[str, str, list[int]], Request]  # (request id, draw key,
 def fan_out(c: Completion, req_id: str, make: MakeRequest) -> list[Request]:
     """One engine request per answer, in choice order. The first answer to a prompt is drawn as a
     single request's would be; answer ``i`` > 0 on a key of its own (so the answers differ)."""
-    reqs = []
-    for p, (text, ids) in enumerate(c.batch):
-        for i in range(c.n):
-            key = text if c.seed is None else f"{c.seed}\x00{text}"
-            reqs.append(make(f"{req_id}-{p * c.n + i}", key if i == 0 else f"{key}\x00choice {i}", ids))
-    return reqs
+    return [make(f"{req_id}-{p * c.n + i}", api.answer_key(c, text, i), ids)
+            for p, (text, ids) in enumerate(c.batch) for i in range(c.n)]  # fmt: skip
 
 
 async def complete_many(engine: Engine, model: str, c: Completion, make: MakeRequest, receive: Receive,
@@ -44,7 +41,7 @@ async def complete_many(engine: Engine, model: str, c: Completion, make: MakeReq
     reqs = fan_out(c, req_id, make)
     for r in reqs:
         r.notify_each = c.stream
-    watcher = asyncio.create_task(_abort_on_disconnect(engine, reqs, receive))
+    watcher = asyncio.create_task(abort_on_disconnect(engine, reqs, receive))
     for r in reqs:
         engine.submit(r)
     try:
@@ -58,9 +55,7 @@ async def complete_many(engine: Engine, model: str, c: Completion, make: MakeReq
             answers = [(" ".join(VOCAB[k] for k in r.output), r.finish_reason) for r in reqs]
             body = api.full_response_many(req_id, c.chat, model, answers, _prompt_tokens(c),
                                           sum(len(r.output) for r in reqs))  # fmt: skip
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]})  # fmt: skip
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+            await respond(send, 200, body, JSON_HEADERS)
     finally:
         watcher.cancel()
         for r in reqs:
@@ -71,7 +66,8 @@ def _prompt_tokens(c: Completion) -> int:
     return sum(len(ids) for _, ids in c.batch)
 
 
-async def _abort_on_disconnect(engine: Engine, reqs: list[Request], receive: Receive) -> None:
+async def abort_on_disconnect(engine: Engine, reqs: list[Request], receive: Receive) -> None:
+    """Abort ``reqs`` once their client hangs up (a task beside the handler's)."""
     while (await receive())["type"] != "http.disconnect":
         pass
     for r in reqs:
@@ -105,21 +101,17 @@ async def _stream(reqs: list[Request], req_id: str, model: str, c: Completion, s
 
 async def _feed(r: Request, w: ChunkWriter, out: asyncio.Queue[bytes | None]) -> None:
     """One choice's chunks onto ``out`` as its tokens come; then None."""
-    words, spaced, sent, last = api.WORDS, api.SPACED_WORDS, 0, r.final_len - 1
+    sent, last = 0, r.final_len - 1
     try:
         while True:
             await r.wait_for_output(sent)
             if r.status is Status.ABORTED:
                 return
             n = len(r.output)
-            parts = [w.head + (spaced[r.output[i]] if i else words[r.output[i]]) + w.tail
-                     for i in range(sent, min(n, last))]  # fmt: skip
             if n > last:
-                word = spaced[r.output[last]] if last else words[r.output[last]]
-                parts.append(w.head + word + w.final_tail % r.finish_reason.encode())
-                out.put_nowait(b"".join(parts))
+                out.put_nowait(b"".join(w.token_chunks(r.output, sent, last + 1, r.finish_reason)))
                 return
-            sent = n
+            parts, sent = w.token_chunks(r.output, sent, n), n
             if parts:
                 out.put_nowait(b"".join(parts))
     finally:

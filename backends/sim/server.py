@@ -22,10 +22,10 @@ from typing import Any
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from backends.asgi import read_body
+from backends.asgi import read_body, respond
 from backends.sim import api
 from backends.sim.api import JSON_HEADERS, SSE_HEADERS, ApiError, ChunkWriter, Completion
-from backends.sim.choices import complete_many
+from backends.sim.choices import abort_on_disconnect, complete_many
 from backends.sim.engine import Engine, Request, Status
 from backends.sim.gpu import SharedGPU
 from backends.sim.metrics import exposition, make_registry
@@ -41,8 +41,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger(__name__)
-
-PID_HEADER = b"x-chimera-sim-pid"
 
 
 @dataclass(frozen=True)
@@ -110,7 +108,7 @@ class SimApp:
         self.registry = make_registry(self.engine, self.model)
         self._created = int(time.time())
         # which process answers: `chimera serve` checks it is the worker it started, not one already on the port
-        self._health_headers = [*JSON_HEADERS, (PID_HEADER, str(os.getpid()).encode())]
+        self._health_headers = [*JSON_HEADERS, (api.PID_HEADER.encode(), str(os.getpid()).encode())]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -137,17 +135,17 @@ class SimApp:
             elif method != "GET":
                 raise ApiError(405 if path in ("/health", "/v1/models", "/metrics") else 404, "Method Not Allowed")
             elif path == "/health":
-                await _respond(send, 200, b"", self._health_headers)
+                await respond(send, 200, b"", self._health_headers)
             elif path == "/metrics":
-                await _respond(send, 200, exposition(self.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())])
+                await respond(send, 200, exposition(self.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())])
             elif path == "/v1/models":
-                await _respond(send, 200, self._models(), JSON_HEADERS)
+                await respond(send, 200, self._models(), JSON_HEADERS)
             elif path == "/version":
-                await _respond(send, 200, b'{"version":"0.26.0+sim"}', JSON_HEADERS)
+                await respond(send, 200, b'{"version":"0.26.0+sim"}', JSON_HEADERS)
             else:
                 raise ApiError(404, "Not Found")
         except ApiError as err:
-            await _respond(send, err.status, err.body(), JSON_HEADERS)
+            await respond(send, err.status, err.body(), JSON_HEADERS)
 
     def _models(self) -> bytes:
         card = {
@@ -180,10 +178,9 @@ class SimApp:
         if c.choices > 1:  # n > 1, or a batch of prompts: one engine request per answer
             await complete_many(self.engine, self.model, c, functools.partial(self._request, c), receive, send)
             return
-        key = c.prompt_text if c.seed is None else f"{c.seed}\x00{c.prompt_text}"
-        req = self._request(c, api.new_id(c.chat, c.request_id), key, c.prompt_ids)
+        req = self._request(c, api.new_id(c.chat, c.request_id), api.answer_key(c, c.prompt_text), c.prompt_ids)
         req.notify_each = c.stream
-        watcher = asyncio.create_task(self._abort_on_disconnect(req, receive))
+        watcher = asyncio.create_task(abort_on_disconnect(self.engine, [req], receive))
         self.engine.submit(req)
         try:
             if c.stream:
@@ -193,7 +190,7 @@ class SimApp:
                     await req.wait_for_output(len(req.output))
                 if req.status is Status.FINISHED:
                     text = " ".join(VOCAB[k] for k in req.output)
-                    await _respond(
+                    await respond(
                         send,
                         200,
                         api.full_response(
@@ -205,33 +202,25 @@ class SimApp:
             watcher.cancel()
             self.engine.abort(req)  # a no-op unless the handler itself was cancelled
 
-    async def _abort_on_disconnect(self, req: Request, receive: Receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        self.engine.abort(req)
-
     async def _stream(self, req: Request, c: Completion, send: Send) -> None:
         w = ChunkWriter(req.request_id, c.chat, self.model)
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         if c.chat:
             await send({"type": "http.response.body", "body": w.role_chunk(), "more_body": True})
-        head, tail, words, spaced = w.head, w.tail, api.WORDS, api.SPACED_WORDS
         sent, out, last = 0, req.output, req.final_len - 1
         while True:
             await req.wait_for_output(sent)
             if req.status is Status.ABORTED:
                 return
             n = len(out)
-            parts = [head + (spaced[out[i]] if i else words[out[i]]) + tail for i in range(sent, min(n, last))]
             if n > last:
-                word = spaced[out[last]] if last else words[out[last]]
-                parts.append(head + word + w.final_tail % req.finish_reason.encode())
+                parts = w.token_chunks(out, sent, last + 1, req.finish_reason)
                 if c.include_usage:
                     parts.append(w.usage_chunk(req.prompt_len, n))
                 parts.append(api.DONE)
                 await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
                 return
-            sent = n
+            parts, sent = w.token_chunks(out, sent, n), n
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
 
 
@@ -268,17 +257,6 @@ async def _read_body(receive: Receive) -> bytes:
     return body
 
 
-async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [*headers, (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
 class SharedGPUApp:
     """Several simulated workers on one GPU, in one process: each served on its own port (the app
     is picked by the port a connection came in on), with its own engine and /metrics, all engines
@@ -299,7 +277,7 @@ class SharedGPUApp:
         app = self.apps.get(server[1]) if server else None
         if app is None:
             if scope["type"] == "http":
-                await _respond(send, 404, ApiError(404, "Not Found").body(), JSON_HEADERS)
+                await respond(send, 404, ApiError(404, "Not Found").body(), JSON_HEADERS)
             return
         await app(scope, receive, send)
 

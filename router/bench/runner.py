@@ -144,16 +144,16 @@ def run_one(
         port = gateway_proc.free_port()
         url = f"http://127.0.0.1:{port}"
         state = replica_state(cfg.gateway.state, tag) if spec.replicas > 1 else None
-        gws = []
+        gws, gw_logs = [], []
         for r in range(spec.replicas):
             suffix = f"-r{r}" if spec.replicas > 1 else ""
             cmd = gateway_proc.command(spec.config_path, port, policy=policy, speedup=spec.speedup, urls=urls,
                                        request_log=str(out / "logs" / f"requests-{tag}{suffix}.jsonl"),
                                        state=state, reuse_port=spec.replicas > 1)  # fmt: skip
-            gws.append(gateway_proc.start(cmd, out / "logs" / f"gateway-{tag}{suffix}.log"))
+            gw_logs.append(out / "logs" / f"gateway-{tag}{suffix}.log")
+            gws.append(gateway_proc.start(cmd, gw_logs[-1]))
         try:
-            for r, gw in enumerate(gws):
-                where = out / "logs" / f"gateway-{tag}{f'-r{r}' if spec.replicas > 1 else ''}.log"
+            for gw, where in zip(gws, gw_logs, strict=True):
                 try:
                     gateway_proc.wait_ready(url, gw, log_file=where)
                 except ChimeraError as exc:
