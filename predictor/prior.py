@@ -67,6 +67,7 @@ class WorkerProfile:
     eager_floor: float = 0.0  # such a step: max(linear, eager_floor) + eager_extra + eager_token x tokens (eager_step)
     eager_extra: float = 0.0
     eager_token: float = 0.0
+    prefill_extra: float = 0.0  # the eager_extra of a step that only prefills (CudaGraph.extra)
 
     @classmethod
     def of(cls, profile: Profile, time_scale: float = 1.0) -> WorkerProfile:
@@ -83,6 +84,7 @@ class WorkerProfile:
             fe.stream_token * k if stream else 0.0, fe.stream_wait * k if stream else 0.0,
             fe.per_request * k, fe.per_prompt_token * k,
             cg.max_tokens, cg.eager_floor_s * k, cg.eager_extra_s * k, cg.eager_per_token_s * k,
+            cg.extra(decoding=False) * k,
         )  # fmt: skip
 
 
@@ -135,7 +137,8 @@ def prior_latency(wp: WorkerProfile, view: BackendView, prompt_tokens: int, cach
     prefill = steps * decode_lin + wp.prefill * (own + ahead) + attn  # the prefill steps, linear model
     ttft = wp.ttft_overhead + wp.intake + wp.intake_token * prompt_tokens
     g, floor, extra, per_token = wp.graph_max, wp.eager_floor, wp.eager_extra, wp.eager_token
-    ttft += eager_step(prefill / steps, n_run + (own + ahead) / steps, g, floor, extra, per_token) * steps
+    first = extra if n_run else wp.prefill_extra  # an idle engine's prefill steps decode nothing
+    ttft += eager_step(prefill / steps, n_run + (own + ahead) / steps, g, floor, first, per_token) * steps
     if n_run:  # a busy engine: the step in progress (and, async, the one planned), the API server's streaming
         decode_step = eager_step(decode_lin, n_run, g, floor, extra, per_token)
         ttft += wp.busy_wait_steps * decode_step

@@ -213,6 +213,7 @@ class Engine:
         self._graph_max = cg.max_tokens if cg is not None else 0
         self._eager_floor = cg.eager_floor_s if cg is not None else 0.0
         self._eager_extra = cg.eager_extra_s if cg is not None else 0.0
+        self._prefill_extra = cg.extra(decoding=False) if cg is not None else 0.0  # a step without decodes
         self._eager_per_token = cg.eager_per_token_s if cg is not None else 0.0
         fe = profile.frontend
         self._fe_request = fe.per_request / speedup if fe is not None else 0.0
@@ -369,7 +370,8 @@ class Engine:
             batch.gpu = seconds * self._gpu_share / self.speedup
             eager = bool(self._graph_max) and tokens > self._graph_max
             if eager:
-                seconds = eager_step(seconds, tokens, self._graph_max, self._eager_floor, self._eager_extra,
+                extra = self._eager_extra if n_decode else self._prefill_extra
+                seconds = eager_step(seconds, tokens, self._graph_max, self._eager_floor, extra,
                                      self._eager_per_token)  # fmt: skip
             if self._sampling is not None:
                 seconds = self._with_sampling(seconds, reqs, eager)

@@ -53,12 +53,20 @@ class CudaGraph:
     Such a step lasts ``max(linear model, eager_floor_s) + eager_extra_s + eager_per_token_s * tokens``:
     without graphs every kernel is launched from the CPU, so a small step is launch-bound (the floor)
     and a large one GPU-bound (the linear model); ``--max-cudagraph-capture-size`` in vLLM.
+    With ``eager_extra_decode_only`` a step that only prefills (no sequence decoding in it) does not pay
+    ``eager_extra_s``: on the H200 the lone prompts' TTFTs hold no such cost, the eager decode and mixed steps do
+    (docs/CALIBRATION.md, "Four boots").
     """
 
     max_tokens: int
     eager_floor_s: float = 0.0
     eager_extra_s: float = 0.0
     eager_per_token_s: float = 0.0
+    eager_extra_decode_only: bool = False
+
+    def extra(self, decoding: bool) -> float:
+        """The ``eager_extra_s`` an eager step pays: none for a prefill-only step when ``eager_extra_decode_only``."""
+        return self.eager_extra_s if decoding or not self.eager_extra_decode_only else 0.0
 
 
 @dataclass(frozen=True)
@@ -242,7 +250,15 @@ def _share(source: str, value: Any) -> float:
 def _cudagraph(source: str, raw: dict[str, Any]) -> CudaGraph | None:
     if "cudagraph" not in raw:
         return None
-    sec = _section(source, raw, "cudagraph", ("max_tokens", "eager_floor_s", "eager_extra_s", "eager_per_token_s"))
+    sec = _section(
+        source,
+        raw,
+        "cudagraph",
+        ("max_tokens", "eager_floor_s", "eager_extra_s", "eager_per_token_s", "eager_extra_decode_only"),
+    )
+    decode_only = sec.get("eager_extra_decode_only", False)
+    if not isinstance(decode_only, bool):
+        raise ProfileError(f"profile {source}: cudagraph.eager_extra_decode_only must be true or false")
     if "max_tokens" not in sec:
         raise ProfileError(f"profile {source}: missing key 'cudagraph.max_tokens'")
     return CudaGraph(
@@ -252,6 +268,7 @@ def _cudagraph(source: str, raw: dict[str, Any]) -> CudaGraph | None:
         eager_per_token_s=_number(
             source, "cudagraph.eager_per_token_s", sec.get("eager_per_token_s", 0.0), minimum=0.0
         ),
+        eager_extra_decode_only=decode_only,
     )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -251,9 +252,10 @@ def run_kv(a: argparse.Namespace, port: int, ext: bool = False) -> None:
 
 
 def cell(rows: list, model: str, name: str, real: list, sims: list, unit: str) -> None:
-    """real: the measured values of each run (mean is the reference); sims: [plain sim, extended sim]."""
+    """real: the measured values of each boot that measured the cell (their median is the reference: with two, their
+    mean); sims: [plain sim, extended sim]."""
     real = [r for r in real if r is not None and r == r]
-    ref = sum(real) / len(real) if real else None
+    ref = statistics.median(real) if real else None
     row = {
         "model": model,
         "cell": name,
@@ -278,53 +280,71 @@ def table(a: argparse.Namespace) -> list[dict]:
     for model in a.models:
         real = _load(DATA / f"probe-{model}.json")
         real2 = _load(DATA / f"probe2-{model}.json")
+        # later boots: of run 2's sweeps (probe3-*.json: TTFT) and of run 1's probes (boot<N>-probe-*.json: all cells)
+        sweeps = [_load(f) for f in sorted(DATA.glob(f"probe[3-9]-{model}.json"))] if a.repeats else []
+        again = [_load(f) for f in sorted(DATA.glob(f"boot[0-9]*-probe-{model}.json"))] if a.repeats else []
+        firsts = [real, *again]  # every boot of run 1's probes
         s1, s2 = (
             [_load(out / f"sim{t}-{model}-ttft.json") for t in ("", "-ext")],
             [_load(out / f"sim{t}-{model}-load.json") for t in ("", "-ext")],
         )
-        rt = {t["prompt"]: t["ttft_ms"] for t in real.get("ttft", [])}
-        rt2 = {t["prompt"]: t["ttft_ms"] for t in real2.get("psweep", []) if not t.get("as_ids")}
+        rts = [{t["prompt"]: t["ttft_ms"] for t in d.get("ttft", [])} for d in firsts] + [
+            {t["prompt"]: t["ttft_ms"] for t in d.get("psweep", []) if not t.get("as_ids")} for d in (real2, *sweeps)
+        ]
         for n in TTFT_CELLS:
             cell(
                 rows,
                 model,
                 f"TTFT p{n}",
-                [rt.get(n), rt2.get(n)],
+                [rt.get(n) for rt in rts],
                 [{t["prompt"]: t["ttft_ms"] for t in s.get("ttft", [])}.get(n) for s in s1],
                 "ms",
             )
-        rp = {(t["prompt"], t["batch"]): t for t in real.get("tpot", [])}
-        for k in sorted(rp):
+        rps = [{(t["prompt"], t["batch"]): t for t in d.get("tpot", [])} for d in firsts]
+        for k in sorted(rps[0]):
             cell(
                 rows,
                 model,
                 f"TPOT p{k[0]} b{k[1]}",
-                [rp[k]["tpot_ms_p50"]],
+                [(rp.get(k) or {}).get("tpot_ms_p50") for rp in rps],
                 [
                     ({(t["prompt"], t["batch"]): t for t in s.get("tpot", [])}.get(k) or {}).get("tpot_ms_p50")
                     for s in s2
                 ],
                 "ms",
             )
-        rs = (real.get("saturation") or {}).get("nonstream") or {}
+        rss = [(d.get("saturation") or {}).get("nonstream") or {} for d in firsts]
         ss = [(s.get("saturation") or {}).get("nonstream") or {} for s in s2]
         cell(
             rows,
             model,
-            f"saturation {rs.get('streams')}x out tok/s",
-            [rs.get("out_tok_s")],
+            f"saturation {rss[0].get('streams')}x out tok/s",
+            [rs.get("out_tok_s") for rs in rss],
             [x.get("out_tok_s") for x in ss],
             "tok/s",
         )
-        cell(rows, model, "saturation makespan", [rs.get("makespan_s")], [x.get("makespan_s") for x in ss], "s")
+        cell(
+            rows,
+            model,
+            "saturation makespan",
+            [rs.get("makespan_s") for rs in rss],
+            [x.get("makespan_s") for x in ss],
+            "s",
+        )
         rm = real.get("mix") or {}
         for i, ri in enumerate(rm.get("inject", [])):
             sims = []
             for s in s2:
                 inj = (s.get("mix") or {}).get("inject", [])
                 sims.append(inj[i].get("ttft_ms") if i < len(inj) else None)
-            cell(rows, model, f"mix TTFT of p{ri['prompt']} into b{rm['batch']}", [ri.get("ttft_ms")], sims, "ms")
-    r = _load(DATA / "probe-kvsmall.json").get("kv")
+            same = [((d.get("mix") or {}).get("inject") or [])[i : i + 1] for d in firsts]
+            vals = [x[0].get("ttft_ms") for x in same if x and x[0].get("prompt") == ri["prompt"]]
+            cell(rows, model, f"mix TTFT of p{ri['prompt']} into b{rm['batch']}", vals, sims, "ms")
+    kvs = [_load(DATA / "probe-kvsmall.json").get("kv")]
+    if a.repeats:
+        kvs += [_load(f).get("kv") for f in sorted(DATA.glob("boot[0-9]*-probe-kvsmall.json"))]
+    kvs = [k for k in kvs if k]
+    r = kvs[0] if kvs else None
     sk = [_load(out / f"sim{t}-kvsmall.json").get("kv", {}) for t in ("", "-ext")]
     if r and any(sk):
         m = f"qwen2.5-0.5b kv={r['kv_tokens']}"
@@ -336,7 +356,7 @@ def table(a: argparse.Namespace) -> list[dict]:
             ("max_running", "KV pressure max running", "#"),
             ("max_waiting", "KV pressure max waiting", "#"),
         ):
-            cell(rows, m, name, [r.get(k)], [x.get(k) for x in sk], unit)
+            cell(rows, m, name, [kv.get(k) for kv in kvs], [x.get(k) for x in sk], unit)
     return rows
 
 
@@ -387,6 +407,12 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18400)
     ap.add_argument("--no-kv", action="store_true")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument(
+        "--no-repeats",
+        dest="repeats",
+        action="store_false",
+        help="the reference of 2026-11-29/30: run 1 (and run 2's TTFTs) only, not the later boots of the same probes",
+    )
     ap.add_argument("--ttft-reps", type=int, default=7, help="sim TTFT samples per prompt (this box is noisy)")
     ap.add_argument(
         "--variants", default="", help="plain,ext: which sims to run (default: plain, and ext with --extended)"

@@ -47,6 +47,7 @@ BUDGET = 8192            # max_num_batched_tokens (vLLM default on a >= 70 GiB G
 GRAPH_MAX = 128          # --max-cudagraph-capture-size
 FEATURES = ("base", "prefill_tokens", "decode_seqs", "decode_context_tokens", "prefill_attn_mtok2")
 COLS = (*FEATURES, "ovh_ttft")
+DECODE_SEQS = FEATURES.index("decode_seqs")
 # the fitted model: the linear step features, the TTFT constant, and vLLM's eager-step cost (a step of more than
 # GRAPH_MAX scheduled tokens: eager_extra = 1, eager_tokens = its tokens); ttft_per_prompt_token is not fitted
 # by NNLS but measured directly (front_slope) and taken off the TTFT targets
@@ -103,8 +104,8 @@ def model_y(r: dict, p: np.ndarray, per_token: float) -> float:
     y = 0.0
     for x, tokens in r["steps"]:
         d = float(lin_c @ x)
-        if tokens > GRAPH_MAX:
-            d = max(d, floor) + extra + ptok * tokens
+        if tokens > GRAPH_MAX:  # eager_extra_decode_only: a step that decodes nothing pays no eager_extra
+            d = max(d, floor) + (extra if x[DECODE_SEQS] > 0 else 0.0) + ptok * tokens
         y += d
     if r["kind"] == "ttft":
         y += ovh + per_token * r["n"]
@@ -303,17 +304,18 @@ def compact_points(runs: list[dict]) -> dict:
 
 
 def fit_frontend(prof: dict, runs: list[dict]) -> float:
-    """frontend_s.per_request from the warm-up burst of run 1: 256 non-streaming requests of 64 + 16 tokens sent at
+    """frontend_s.per_request from the warm-up burst of run 1 and its repeats (the median): 256 non-streaming requests of 64 + 16 tokens sent at
     once, which real vLLM completes in ~1-1.6 s, almost all of it its API server taking the requests one at a time.
     per_request = (burst makespan - the engine's own time for that burst, simulated without a front end) / 256
     - per_prompt_token * 64."""
     from backends.sim.profile import parse_profile
     from scripts.calibrate.replay import Run
 
-    w = runs[0].get("warmup") or {}
-    mk = w.get("burst256_makespan_s")
-    if not mk:
+    bursts = [(r.get("warmup") or {}).get("burst256_makespan_s") for r in runs]
+    bursts = [b for b in bursts if b]
+    if not bursts:
         return 0.0
+    mk = float(np.median(bursts))  # every boot that ran the burst (run 1 and its repeats), the median
     q = json.loads(json.dumps(prof))
     q.pop("frontend_s", None)
     engine_s = max(Run(parse_profile(q), [(0.0, 64, 16)] * 256).go().done_seen)
@@ -369,7 +371,9 @@ def main() -> None:
         d = json.loads((data / f"probe-{model}.json").read_text())
         # run 2 and any later boot of the run-2 sweeps (TAG=probe3 ... of run_h200.sh): rows r2, r3, ...
         later = sorted(data.glob(f"probe[2-9]-{model}.json"))
-        runs = [d] + [json.loads(f.read_text()) for f in later]
+        # later boots of run 1's probes (TAG=boot2-probe ... of run_h200.sh, 2026-11-30): rows r<next>, ...
+        repeats = sorted(data.glob(f"boot[0-9]*-probe-{model}.json"))
+        runs = [d] + [json.loads(f.read_text()) for f in later + repeats]
         rows = build_rows(runs)
         for boot, colocate in probes.items():
             if model in {m for ph in colocate["phases"] for m in ph["subset"]}:
@@ -387,9 +391,9 @@ def main() -> None:
                   tie_attn=attn_ratio(model) if a.tie_attn else 0.0, by_boot=by_boot)
         coef = fit_eager(rows, lin, k, with_mix=not a.no_mix)
         for _ in range(a.alternate):  # refit stage 1 with the eager cost of the TTFT chunks taken off, then stage 2
-            extra, ptok = coef[7], coef[8]
-            adj = [dict(r, y=r["y"] - (extra * r["x"]["eager_extra"] + ptok * r["x"]["eager_tokens"]
-                                      if r["kind"] == "ttft" else 0.0),
+            ptok = coef[8]
+            adj = [dict(r, y=r["y"] - (ptok * r["x"]["eager_tokens"] if r["kind"] == "ttft" else 0.0),  # no extra:
+                        # a TTFT's steps decode nothing (eager_extra_decode_only)
                         fit=r["kind"] in ("ttft", "decode")) for r in rows]
             lin = fit(adj, COLS, per_token=k, tie_attn=attn_ratio(model) if a.tie_attn else 0.0, by_boot=by_boot)
             coef = fit_eager(rows, lin, k, with_mix=not a.no_mix)
@@ -428,7 +432,8 @@ def main() -> None:
             "max_model_len": 16384,
             "step_time_s": {f: g(c[f]) for f in FEATURES},
             "cudagraph": {"max_tokens": GRAPH_MAX, "eager_floor_s": g(c["eager_floor"]),
-                          "eager_extra_s": g(c["eager_extra"]), "eager_per_token_s": g(c["eager_per_token"])},
+                          "eager_extra_s": g(c["eager_extra"]), "eager_per_token_s": g(c["eager_per_token"]),
+                          "eager_extra_decode_only": True},
             "frontend_s": {"per_request": 0.0, "per_prompt_token": g(k)},
             "overhead_s": {"ttft": g(max(0.0, c["ovh_ttft"] - sim_http))},
         }
@@ -453,7 +458,8 @@ def main() -> None:
                            "script": "scripts/calibrate/run_h200.sh + probe.py; fit: scripts/calibrate/fit_profile.py",
                            "fit": {"client_ttft_constant_fitted_s": g(c["ovh_ttft"]),
                                    "sim_http_overhead_subtracted_s": sim_http,
-                                   "frontend_per_request_from": "warmup.burst256_makespan_s (run 1)",
+                                   "frontend_per_request_from": "warmup.burst256_makespan_s (run 1 and its "
+                                                                 "repeats, the median)",
                                    "mixed_steps_fitted": not a.no_mix, "attn_tied": a.tie_attn,
                                    "weight": "each boot once per kind of point" if by_boot else "each point",
                                    "boots": sorted({boot_of(r) for r in rows}),
@@ -462,7 +468,7 @@ def main() -> None:
                                    "by_kind": by_kind}},
             "raw": {
                 "source": f"scripts/calibrate/data/probe-{model}.json (run 1)"
-                          + "".join(f", {f.name} (run {i})" for i, f in enumerate(later, 2))
+                          + "".join(f", {f.name} (run {i})" for i, f in enumerate(later + repeats, 2))
                           + (", colocate-h200*.json (c...: the phases it ran alone)"
                              if any(boot_of(r).startswith("c") for r in rows) else ""),
                 "points": compact_points(runs),

@@ -173,6 +173,22 @@ def test_a_step_above_the_cudagraph_limit_costs_the_eager_terms(make_engine: Mak
     assert abs(big.duration - (c.base + 2000 * c.prefill_tokens + 0.001 + 2000 * 1e-6)) < 1e-12
 
 
+def test_a_prefill_only_step_skips_the_eager_extra_when_the_profile_says_so(make_engine: MakeEngine) -> None:
+    """``eager_extra_decode_only``: a lone prompt's eager step pays max(linear, floor) + per token only; a step that
+    also decodes pays the extra (the H200's lone TTFTs hold no such cost, its eager decode and mixed steps do)."""
+    cliff = dict(CLIFF, eager_extra_decode_only=True)
+    engine = make_engine(cudagraph=cliff)
+    engine.enqueue(request(129, out=3, tag=1))
+    alone = engine.step(0.0)
+    assert abs(alone.duration - (0.02 + 129 * 1e-6)) < 1e-12
+    engine.enqueue(request(200, out=3, tag=2))
+    mixed = engine.step(1.0)  # the first request decodes while the second prefills: 201 tokens, eager
+    assert abs(mixed.duration - (0.02 + 0.001 + 201 * 1e-6)) < 1e-12
+    engine = make_engine(cudagraph=CLIFF)  # without the flag every eager step pays it (profiles before 2026-12)
+    engine.enqueue(request(129, out=3, tag=3))
+    assert abs(engine.step(0.0).duration - (0.02 + 0.001 + 129 * 1e-6)) < 1e-12
+
+
 def test_decode_batches_above_the_limit_fall_off_the_cliff(make_engine: MakeEngine) -> None:
     def step_of(n: int) -> float:
         engine = make_engine(cudagraph=CLIFF, max_num_seqs=512)

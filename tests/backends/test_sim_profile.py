@@ -81,6 +81,7 @@ def test_shipped_profiles_carry_the_cliff_and_the_front_end() -> None:
         ("cudagraph", {"eager_extra_s": 0.01}, "cudagraph.max_tokens"),
         ("cudagraph", {"max_tokens": 0}, "cudagraph.max_tokens"),
         ("cudagraph", {"max_tokens": 128, "eager_floor_s": -1}, "eager_floor_s"),
+        ("cudagraph", {"max_tokens": 128, "eager_extra_decode_only": "yes"}, "eager_extra_decode_only"),
         ("frontend_s", {"per_token": 1e-6}, "per_token"),
         ("frontend_s", {"per_request": "fast"}, "per_request"),
         ("overhead_s", {"tpot": 0.1}, "tpot"),

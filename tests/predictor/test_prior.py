@@ -149,3 +149,15 @@ def test_an_idle_workers_ttft_is_the_sims() -> None:
             prior = prior_latency(profile_for(name), view(0), n, 0.0)[0]
             assert abs(prior - sim) < 1e-9, (name, n, prior, sim)
             assert (n > profile.cudagraph.max_tokens) == (prior > 0.015 + profile.ttft_overhead_s)  # type: ignore[union-attr]
+
+
+def test_an_idle_workers_prefill_pays_no_eager_extra_a_busy_ones_does() -> None:
+    """The shipped profiles charge ``eager_extra`` only to eager steps that decode (``eager_extra_decode_only``):
+    a prompt on an idle worker prefills alone, one on a busy worker shares its steps with the decoders."""
+    wp = profile_for("h200-qwen2.5-14b")
+    assert wp.eager_extra > 0 and wp.prefill_extra == 0.0
+    charged = replace(wp, prefill_extra=wp.eager_extra)  # a profile without the flag
+    idle, idle_charged = (prior_latency(w, view(0), 1000, 0.0)[0] for w in (wp, charged))
+    assert abs(idle_charged - idle - wp.eager_extra) < 1e-12
+    busy, busy_charged = (prior_latency(w, view(8), 1000, 0.0)[0] for w in (wp, charged))
+    assert busy == busy_charged
