@@ -69,7 +69,8 @@ def remaining_tokens(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """Request id -> tokens it and its workflow's later requests generated (workflow requests only)."""
     by_wf: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in records:
-        if isinstance(r.get("workflow_id"), str) and _number_or_none(r.get("completion_tokens")):
+        n = r.get("completion_tokens")  # absent or null on a failed request: not a count
+        if isinstance(r.get("workflow_id"), str) and isinstance(n, int | float) and not isinstance(n, bool):
             by_wf[r["workflow_id"]].append(r)
     out: dict[str, int] = {}
     for rs in by_wf.values():

@@ -219,7 +219,9 @@ def test_log_lines_with_fields_of_the_wrong_type_are_skipped(tmp_path: Path) -> 
     bad = [dict(good[0], request_id="b1", ts="yesterday"), dict(good[1], request_id="b2", fleet="x"),
            dict(good[2], request_id="b3", workflow_id="w", completion_tokens="lots"),
            dict(good[3], request_id="b4", prompt_tokens="many")]  # fmt: skip
+    # a workflow request that failed has no completion tokens (null): it counts for no remaining output
+    failed = dict(good[4], request_id="f1", workflow_id="w", outcome="server_error", completion_tokens=None)
     path = tmp_path / "requests.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in [*good, *bad]) + "\nnot json\n")
+    path.write_text("\n".join(json.dumps(r) for r in [*good, *bad, failed]) + "\nnot json\n")
     got = read_logs([path])
-    assert len(got) == len(samples(good)) == 20  # the four bad lines (and the unparsable one) left out
+    assert len(got) == len(samples(good)) == 20  # the bad lines (and the unparsable one) left out
