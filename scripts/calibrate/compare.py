@@ -392,7 +392,28 @@ def render(rows: list[dict]) -> str:
                 f"{name}: {within}/{len(ok)} cells within 10%, median |err| "
                 f"{sorted(abs(r[key]) for r in ok)[len(ok) // 2]:.0%}."
             )
+    lines += reproducibility(rows)
     return "\n".join(lines)
+
+
+def reproducibility(rows: list[dict]) -> list[str]:
+    """How well real vLLM reproduces itself, on the cells that three or more boots measured: each boot against the
+    median of the others (what the sim's 10 % is measured against), and the sim on the cells whose boots agree."""
+    many = [r for r in rows if len(r.get("real_runs") or ()) >= 3]
+    if not many:
+        return []
+    pairs = [
+        abs(v / statistics.median(r["real_runs"][:i] + r["real_runs"][i + 1 :]) - 1) <= 0.10
+        for r in many
+        for i, v in enumerate(r["real_runs"])
+    ]
+    tight = [r for r in many if max(abs(v / r["real"] - 1) for v in r["real_runs"]) <= 0.10]
+    sim_ok = sum(1 for r in tight if r["sim_err"] is not None and abs(r["sim_err"]) <= 0.10)
+    return [
+        f"real vs real ({len(many)} cells of 3+ boots): a boot within 10% of the other boots' median in "
+        f"{sum(pairs)}/{len(pairs)} cases ({sum(pairs) / len(pairs):.0%}).",
+        f"cells whose boots all lie within 10% of their median: {len(tight)}; the sim within 10% on {sim_ok} of them.",
+    ]
 
 
 def main() -> None:
