@@ -304,8 +304,9 @@ def compact_points(runs: list[dict]) -> dict:
 
 
 def fit_frontend(prof: dict, runs: list[dict]) -> float:
-    """frontend_s.per_request from the warm-up burst of run 1 and its repeats (the median): 256 non-streaming requests of 64 + 16 tokens sent at
-    once, which real vLLM completes in ~1-1.6 s, almost all of it its API server taking the requests one at a time.
+    """frontend_s.per_request from the warm-up burst of run 1 and its repeats (their median makespan): 256
+    non-streaming requests of 64 + 16 tokens sent at once, which real vLLM completes in ~0.7-1.6 s, almost all of it
+    its API server taking the requests one at a time.
     per_request = (burst makespan - the engine's own time for that burst, simulated without a front end) / 256
     - per_prompt_token * 64."""
     from backends.sim.profile import parse_profile
