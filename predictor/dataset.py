@@ -70,7 +70,7 @@ def remaining_tokens(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     by_wf: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in records:
         n = r.get("completion_tokens")  # absent or null on a failed request: not a count
-        if isinstance(r.get("workflow_id"), str) and isinstance(n, int | float) and not isinstance(n, bool):
+        if isinstance(r.get("workflow_id"), str) and n is not None and _number_or_none(n):
             by_wf[r["workflow_id"]].append(r)
     out: dict[str, int] = {}
     for rs in by_wf.values():

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from router.bench import gateway_proc
 from router.config import Config
 
 
@@ -25,12 +26,7 @@ def interrupt(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:
     """Stop a `chimera` process as Ctrl-C would, killing it if it has not ended within ``timeout_s``.
     SIGINT, not SIGTERM: uvicorn re-raises the signal it caught after its graceful shutdown, and a
     re-raised SIGTERM ends `chimera serve` before it stops its simulated workers."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    gateway_proc.stop(proc, timeout_s, signal.SIGINT)
 
 
 def free_port() -> int:

@@ -174,9 +174,10 @@ def wait_replicas(
         time.sleep(0.05)
 
 
-def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0, sig: int = signal.SIGTERM) -> None:
+    """Send a running ``proc`` ``sig``, and kill it if it has not ended within ``timeout_s``."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:

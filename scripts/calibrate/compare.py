@@ -337,8 +337,8 @@ def table(a: argparse.Namespace) -> list[dict]:
             for s in s2:
                 inj = (s.get("mix") or {}).get("inject", [])
                 sims.append(inj[i].get("ttft_ms") if i < len(inj) else None)
-            same = [((d.get("mix") or {}).get("inject") or [])[i : i + 1] for d in firsts]
-            vals = [x[0].get("ttft_ms") for x in same if x and x[0].get("prompt") == ri["prompt"]]
+            injects = [(d.get("mix") or {}).get("inject") or [] for d in firsts]  # each boot's i-th, same prompt
+            vals = [inj[i].get("ttft_ms") for inj in injects if i < len(inj) and inj[i].get("prompt") == ri["prompt"]]
             cell(rows, model, f"mix TTFT of p{ri['prompt']} into b{rm['batch']}", vals, sims, "ms")
     kvs = [_load(DATA / "probe-kvsmall.json").get("kv")]
     if a.repeats:

@@ -348,7 +348,7 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--no-mix", action="store_true", help="leave the mixed prefill+decode steps out of the fit")
     ap.add_argument("--alternate", type=int, default=0,
-                    help="stage 1 / stage 2 alternations (stage 1 refitted on TTFTs net of the eager cost)")
+                    help="stage 1 / stage 2 alternations (stage 1 refitted on TTFTs net of the eager per-token cost)")
     ap.add_argument("--tie-attn", action="store_true",
                     help="tie prefill_attn_mtok2 to prefill_tokens by the model's attention/linear FLOP ratio")
     ap.add_argument("--weight", choices=("boot", "point"), default="boot",
@@ -391,7 +391,7 @@ def main() -> None:
         lin = fit([dict(r, fit=r["kind"] in ("ttft", "decode")) for r in rows], COLS, per_token=k,
                   tie_attn=attn_ratio(model) if a.tie_attn else 0.0, by_boot=by_boot)
         coef = fit_eager(rows, lin, k, with_mix=not a.no_mix)
-        for _ in range(a.alternate):  # refit stage 1 with the eager cost of the TTFT chunks taken off, then stage 2
+        for _ in range(a.alternate):  # refit stage 1 with the TTFT chunks' eager per-token cost taken off, then stage 2
             ptok = coef[8]
             adj = [dict(r, y=r["y"] - (ptok * r["x"]["eager_tokens"] if r["kind"] == "ttft" else 0.0),  # no extra:
                         # a TTFT's steps decode nothing (eager_extra_decode_only)
