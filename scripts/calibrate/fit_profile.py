@@ -188,6 +188,21 @@ def boot_of(r: dict) -> str:
     return r["key"].split(" ", 1)[0].split(".", 1)[0]
 
 
+def median_rows(rows: list[dict]) -> list[dict]:
+    """One row per measured point (its name without the boot): the median over the boots that measured it, with the
+    features of the boot nearest that median (its context length, its chunking). The fidelity table's reference is
+    this median (compare.py), so a fit to it is not pulled toward the slow boots."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["kind"], r["key"].split(" ", 1)[1]), []).append(r)
+    out = []
+    for (_, name), g in groups.items():
+        y = float(np.median([r["y"] for r in g]))
+        near = min(g, key=lambda r: abs(r["y"] - y))
+        out.append(dict(near, key=f"m {name}", y=y, boots=len(g)))
+    return out
+
+
 def build_rows(runs: list[dict]) -> list[dict]:
     """Feature rows of every measured point of one model (run 1: probe-*.json, run 2: probe2-*.json)."""
     rows = []
@@ -351,9 +366,10 @@ def main() -> None:
                     help="stage 1 / stage 2 alternations (stage 1 refitted on TTFTs net of the eager per-token cost)")
     ap.add_argument("--tie-attn", action="store_true",
                     help="tie prefill_attn_mtok2 to prefill_tokens by the model's attention/linear FLOP ratio")
-    ap.add_argument("--weight", choices=("boot", "point"), default="boot",
-                    help="stage 1: every boot of the server weighs the same within a kind of point (default), or "
-                         "every point (the fit before 2026-11-30, which run 2's many decode points dominate)")
+    ap.add_argument("--weight", choices=("median", "boot", "point"), default="median",
+                    help="stages 1 and 2: every point once, at the median of the boots that measured it (default); "
+                         "every boot of the server weighing the same within a kind of point (the fit of 2026-11-30); "
+                         "or every point of every boot (the fit before, which run 2's many decode points dominate)")
     ap.add_argument("--no-colocate", action="store_true",
                     help="leave out the co-location probes' alone phases (data/colocate-h200*.json)")
     ap.add_argument("--sim-http-ms", type=float, default=3.0,
@@ -388,16 +404,17 @@ def main() -> None:
         # stage 2: the eager-step terms on the steps of more than 128 tokens (decode > 128, mixed steps), the
         # linear part held fixed; stage 3 (below): frontend_s.per_request from the 256-request burst.
         by_boot = a.weight == "boot"
-        lin = fit([dict(r, fit=r["kind"] in ("ttft", "decode")) for r in rows], COLS, per_token=k,
+        fitted = median_rows(rows) if a.weight == "median" else rows
+        lin = fit([dict(r, fit=r["kind"] in ("ttft", "decode")) for r in fitted], COLS, per_token=k,
                   tie_attn=attn_ratio(model) if a.tie_attn else 0.0, by_boot=by_boot)
-        coef = fit_eager(rows, lin, k, with_mix=not a.no_mix)
+        coef = fit_eager(fitted, lin, k, with_mix=not a.no_mix)
         for _ in range(a.alternate):  # refit stage 1 with the TTFT chunks' eager per-token cost taken off, then stage 2
             ptok = coef[8]
             adj = [dict(r, y=r["y"] - (ptok * r["x"]["eager_tokens"] if r["kind"] == "ttft" else 0.0),  # no extra:
                         # a TTFT's steps decode nothing (eager_extra_decode_only)
-                        fit=r["kind"] in ("ttft", "decode")) for r in rows]
+                        fit=r["kind"] in ("ttft", "decode")) for r in fitted]
             lin = fit(adj, COLS, per_token=k, tie_attn=attn_ratio(model) if a.tie_attn else 0.0, by_boot=by_boot)
-            coef = fit_eager(rows, lin, k, with_mix=not a.no_mix)
+            coef = fit_eager(fitted, lin, k, with_mix=not a.no_mix)
         print(f"\n== {model}")
         print("  " + "  ".join(f"{c}={v:.4g}" for c, v in zip(PARAMS, coef, strict=True)) + f"  fe_per_token={k:.4g}")
         print(f"  {'point':30s} {'measured ms':>11s} {'fit ms':>9s} {'err':>7s}   {'5-term':>8s} {'err':>7s}")
@@ -462,7 +479,9 @@ def main() -> None:
                                    "frontend_per_request_from": "warmup.burst256_makespan_s (run 1 and its "
                                                                  "repeats, the median)",
                                    "mixed_steps_fitted": not a.no_mix, "attn_tied": a.tie_attn,
-                                   "weight": "each boot once per kind of point" if by_boot else "each point",
+                                   "weight": {"median": "each point once, the median of its boots",
+                                              "boot": "each boot once per kind of point",
+                                              "point": "each point of each boot"}[a.weight],
                                    "boots": sorted({boot_of(r) for r in rows}),
                                    "mean_abs_rel_err": round(float(np.mean(errs)), 4),
                                    "max_abs_rel_err": round(float(np.max(errs)), 4), "points": len(errs),
