@@ -283,6 +283,8 @@ def table(a: argparse.Namespace) -> list[dict]:
         # later boots: of run 2's sweeps (probe3-*.json: TTFT) and of run 1's probes (boot<N>-probe-*.json: all cells)
         sweeps = [_load(f) for f in sorted(DATA.glob(f"probe[3-9]-{model}.json"))] if a.repeats else []
         again = [_load(f) for f in sorted(DATA.glob(f"boot[0-9]*-probe-{model}.json"))] if a.repeats else []
+        if a.boot:  # one boot alone as the reference (e.g. one that no fit has seen)
+            real, real2, sweeps, again = _load(DATA / f"{a.boot}-{model}.json"), {}, [], []
         firsts = [real, *again]  # every boot of run 1's probes
         s1, s2 = (
             [_load(out / f"sim{t}-{model}-ttft.json") for t in ("", "-ext")],
@@ -340,8 +342,8 @@ def table(a: argparse.Namespace) -> list[dict]:
             injects = [(d.get("mix") or {}).get("inject") or [] for d in firsts]  # each boot's i-th, same prompt
             vals = [inj[i].get("ttft_ms") for inj in injects if i < len(inj) and inj[i].get("prompt") == ri["prompt"]]
             cell(rows, model, f"mix TTFT of p{ri['prompt']} into b{rm['batch']}", vals, sims, "ms")
-    kvs = [_load(DATA / "probe-kvsmall.json").get("kv")]
-    if a.repeats:
+    kvs = [_load(DATA / f"{a.boot or 'probe'}-kvsmall.json").get("kv")]
+    if a.repeats and not a.boot:
         kvs += [_load(f).get("kv") for f in sorted(DATA.glob("boot[0-9]*-probe-kvsmall.json"))]
     kvs = [k for k in kvs if k]
     r = kvs[0] if kvs else None
@@ -433,6 +435,11 @@ def main() -> None:
         dest="repeats",
         action="store_false",
         help="the reference of 2026-11-29/30: run 1 (and run 2's TTFTs) only, not the later boots of the same probes",
+    )
+    ap.add_argument(
+        "--boot",
+        default="",
+        help="one boot alone as the reference: the prefix of its files in data/ (probe: run 1; boot5-probe: ...)",
     )
     ap.add_argument("--ttft-reps", type=int, default=7, help="sim TTFT samples per prompt (this box is noisy)")
     ap.add_argument(

@@ -78,7 +78,7 @@ def cells(raw: dict, model: str, real: dict, kv: dict | None, http_s: float, tmp
     (tmp / f"sim-{model}-ttft.json").write_text(json.dumps(d1))
     (tmp / f"sim-{model}-load.json").write_text(json.dumps(d2))
     (tmp / "sim-kvsmall.json").write_text(json.dumps(replay.replay_kv(prof, kv, http_s) if kv else {}))
-    ns = argparse.Namespace(out_dir=str(tmp), models=[model], repeats=True)
+    ns = argparse.Namespace(out_dir=str(tmp), models=[model], repeats=True, boot="")
     return [r for r in compare.table(ns) if r["sim_err"] is not None and r["real"]]
 
 
