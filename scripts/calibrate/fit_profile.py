@@ -366,10 +366,12 @@ def main() -> None:
                     help="stage 1 / stage 2 alternations (stage 1 refitted on TTFTs net of the eager per-token cost)")
     ap.add_argument("--tie-attn", action="store_true",
                     help="tie prefill_attn_mtok2 to prefill_tokens by the model's attention/linear FLOP ratio")
-    ap.add_argument("--weight", choices=("median", "boot", "point"), default="median",
-                    help="stages 1 and 2: every point once, at the median of the boots that measured it (default); "
-                         "every boot of the server weighing the same within a kind of point (the fit of 2026-11-30); "
-                         "or every point of every boot (the fit before, which run 2's many decode points dominate)")
+    ap.add_argument("--weight", choices=("boot", "median", "point"), default="boot",
+                    help="stages 1 and 2: every boot of the server weighing the same within a kind of point (default; "
+                         "the shipped profiles, fitted before boot 5: --data a copy of data/ without boot5-*); every "
+                         "point once, at the median of the boots that measured it (what tune_replay.py starts from; "
+                         "docs/CALIBRATION.md, \"Five boots\"); or every point of every boot (the fit before "
+                         "2026-11-30, which run 2's many decode points dominate)")
     ap.add_argument("--no-colocate", action="store_true",
                     help="leave out the co-location probes' alone phases (data/colocate-h200*.json)")
     ap.add_argument("--sim-http-ms", type=float, default=3.0,
@@ -508,6 +510,7 @@ def main() -> None:
                                           if kk not in ("metrics_delta", "cache_config", "polls")}
             prof["raw"]["kv_pressure"]["flags"] = summary.get("small_kv_flags")
         if not a.dry_run:
+            Path(a.out_dir).mkdir(parents=True, exist_ok=True)
             p = Path(a.out_dir) / f"h200-{model}.json"
             keep_fitted_elsewhere(prof, PROFILES / f"h200-{model}.json")
             p.write_text(json.dumps(prof, indent=1) + "\n")
