@@ -80,3 +80,61 @@ def test_the_co_location_check_runs_the_profiles_own_steps() -> None:
     assert alone["tpot_ms"] == {"a": pytest.approx(2.0)}
     # two 1 ms GPU parts that fit a slice lock-step: both turns and two switches, the 1 ms CPU parts hidden
     assert shared["tpot_ms"] == {"a": pytest.approx(3.0, rel=0.02), "b": pytest.approx(3.0, rel=0.02)}
+
+
+def test_the_median_fit_takes_each_point_once_at_its_boots_median() -> None:
+    pytest.importorskip("scipy")
+    fit_profile = _load("fit_profile", SCRIPTS / "calibrate" / "fit_profile.py")
+    # three boots of one point, one of them slow; the other point measured once
+    boots = (("r1", 10.0), ("r2", 2.0), ("c", 3.0))
+    rows = [fit_profile.decode_row(1, 100, y, f"{b} decode b1 p100") for b, y in boots]
+    rows.append(fit_profile.decode_row(8, 100, 3.0, "r1 decode b8 p100"))
+    med = {r["key"]: r for r in fit_profile.median_rows(rows)}
+    assert sorted(med) == ["m decode b1 p100", "m decode b8 p100"]
+    assert med["m decode b1 p100"]["y"] == pytest.approx(0.003) and med["m decode b1 p100"]["boots"] == 3
+    assert fit_profile.fit(list(med.values()), ("base",))[0] == pytest.approx(0.003, rel=0.01)
+
+
+def test_one_boot_alone_is_the_reference_with_boot(tmp_path: Path) -> None:
+    sys.path.insert(0, str(SCRIPTS.parent))
+    try:
+        compare = _load("compare", SCRIPTS / "calibrate" / "compare.py")
+    finally:
+        sys.path.remove(str(SCRIPTS.parent))
+    import argparse
+    import json
+
+    data = SCRIPTS / "calibrate" / "data"
+    lone = json.loads((data / "boot5-probe-qwen2.5-7b.json").read_text())
+    ttft = {t["prompt"]: t["ttft_ms"] for t in lone["ttft"]}
+    rows = compare.table(argparse.Namespace(out_dir=str(tmp_path), models=["qwen2.5-7b"], repeats=True,
+                                            boot="boot5-probe"))  # fmt: skip
+    cells = {r["cell"]: r for r in rows}
+    assert cells["TTFT p128"]["real_runs"] == [ttft[128]] and cells["TTFT p128"]["real"] == ttft[128]
+    every = {r["cell"]: r for r in compare.table(argparse.Namespace(out_dir=str(tmp_path), models=["qwen2.5-7b"],
+                                                                    repeats=True, boot=""))}  # fmt: skip
+    assert len(every["TTFT p128"]["real_runs"]) > 4  # every boot (and run 2's sweeps) without it
+
+
+@pytest.mark.slow
+def test_tuning_through_the_engine_brings_a_mis_set_term_back() -> None:
+    pytest.importorskip("scipy")
+    sys.path.insert(0, str(SCRIPTS.parent))
+    try:
+        tune = _load("tune_replay", SCRIPTS / "calibrate" / "tune_replay.py")
+    finally:
+        sys.path.remove(str(SCRIPTS.parent))
+    import argparse
+    import json
+    import tempfile
+
+    shipped = json.loads((SCRIPTS.parent / "backends/sim/profiles/h200-qwen2.5-14b.json").read_text())
+    wrong = json.loads(json.dumps(shipped))
+    wrong["step_time_s"]["base"] *= 1.5  # every step 4 ms too long: TPOTs ~+50 %
+    a = argparse.Namespace(hold_out=[], prior=0.05, max_nfev=4, sim_http_ms=3.0)
+    with tempfile.TemporaryDirectory() as td:
+        out, before, after = tune.tune(wrong, "qwen2.5-14b", a, Path(td))
+    err = lambda rows: sorted(abs(r["sim_err"]) for r in rows)[len(rows) // 2]  # noqa: E731
+    assert err(before) > 0.2 and err(after) < err(before) / 2
+    assert abs(out["step_time_s"]["base"] / shipped["step_time_s"]["base"] - 1) < 0.2
+    assert out["cudagraph"]["max_tokens"] == shipped["cudagraph"]["max_tokens"]  # what it does not tune is kept
