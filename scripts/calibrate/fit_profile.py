@@ -22,6 +22,8 @@ co-location probes' "alone" phases (colocate-h200*.json: one worker decoding at 
 were each measured on another boot of the same servers. The small models' decode step differs by 20-40 % between
 boots (their steps are CPU-bound), and run 2 has 2.6x as many decode points as run 1, so a fit by point follows
 run 2, the fastest boot (docs/CALIBRATION.md, "Boots"); ``--weight point --no-colocate`` gives that fit back.
+``--weight median`` fits each point once, at the median of the boots that measured it (the fidelity table's
+reference); tune_replay.py starts from it (docs/CALIBRATION.md, "Five boots"; neither is shipped).
 
     python scripts/calibrate/fit_profile.py                # writes backends/sim/profiles/h200-*.json
     python scripts/calibrate/fit_profile.py --dry-run      # print the fit only

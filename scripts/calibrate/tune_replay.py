@@ -45,7 +45,7 @@ from backends.sim.profile import parse_profile  # noqa: E402
 from scripts.calibrate import compare, replay  # noqa: E402
 
 PROFILES = ROOT / "backends" / "sim" / "profiles"
-# (section, key): the terms moved; a term at 0 starts from FLOOR[section, key] so that it can move at all
+# (section, key): the terms moved
 TERMS = (
     ("step_time_s", "base"),
     ("step_time_s", "prefill_tokens"),
@@ -57,7 +57,7 @@ TERMS = (
     ("overhead_s", "ttft"),
     ("frontend_s", "per_request"),
 )
-# a typical size of each term (its scale for the optimiser, and where a term fitted to 0 starts from)
+# a typical size of each term: its scale for the optimiser; a term fitted to 0 starts from 5 % of it, so it can move
 SCALE = {"base": 1e-3, "prefill_tokens": 1e-6, "decode_seqs": 1e-5, "decode_context_tokens": 1e-8,
          "prefill_attn_mtok2": 1e-4, "eager_floor_s": 1e-2, "eager_extra_s": 1e-3, "ttft": 1e-3,
          "per_request": 1e-3}  # fmt: skip
@@ -123,7 +123,12 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--prior", type=float, default=0.05, help="weight of a term's log distance from the fit")
     ap.add_argument("--hold-out", default="", help=f"kinds of cell left out of the tuning, scored apart: {KINDS}")
-    ap.add_argument("--max-nfev", type=int, default=40, help="least-squares iterations per model")
+    ap.add_argument(
+        "--max-nfev",
+        type=int,
+        default=40,
+        help="least-squares function evaluations per model (~ iterations: the Jacobian's are not counted)",
+    )
     ap.add_argument("--sim-http-ms", type=float, default=3.0, help="as in replay.py")
     a = ap.parse_args()
     a.hold_out = [k for k in a.hold_out.split(",") if k]
