@@ -278,13 +278,14 @@ def table(a: argparse.Namespace) -> list[dict]:
     out = Path(a.out_dir)
     rows: list[dict] = []
     for model in a.models:
-        real = _load(DATA / f"probe-{model}.json")
-        real2 = _load(DATA / f"probe2-{model}.json")
-        # later boots: of run 2's sweeps (probe3-*.json: TTFT) and of run 1's probes (boot<N>-probe-*.json: all cells)
-        sweeps = [_load(f) for f in sorted(DATA.glob(f"probe[3-9]-{model}.json"))] if a.repeats else []
-        again = [_load(f) for f in sorted(DATA.glob(f"boot[0-9]*-probe-{model}.json"))] if a.repeats else []
         if a.boot:  # one boot alone as the reference (e.g. one that no fit has seen)
             real, real2, sweeps, again = _load(DATA / f"{a.boot}-{model}.json"), {}, [], []
+        else:
+            real = _load(DATA / f"probe-{model}.json")
+            real2 = _load(DATA / f"probe2-{model}.json")
+            # later boots: of run 2's sweeps (probe3-*.json: TTFT) and of run 1's probes (boot<N>-probe-*.json)
+            sweeps = [_load(f) for f in sorted(DATA.glob(f"probe[3-9]-{model}.json"))] if a.repeats else []
+            again = [_load(f) for f in sorted(DATA.glob(f"boot[0-9]*-probe-{model}.json"))] if a.repeats else []
         firsts = [real, *again]  # every boot of run 1's probes
         s1, s2 = (
             [_load(out / f"sim{t}-{model}-ttft.json") for t in ("", "-ext")],

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import json
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,6 +22,15 @@ def _load(name: str, path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load_from_root(name: str, path: Path) -> ModuleType:
+    """A calibration script that imports the repository's packages (scripts.calibrate.*, backends.*)."""
+    sys.path.insert(0, str(SCRIPTS.parent))
+    try:
+        return _load(name, path)
+    finally:
+        sys.path.remove(str(SCRIPTS.parent))
 
 
 @pytest.fixture(scope="module")
@@ -96,14 +108,7 @@ def test_the_median_fit_takes_each_point_once_at_its_boots_median() -> None:
 
 
 def test_one_boot_alone_is_the_reference_with_boot(tmp_path: Path) -> None:
-    sys.path.insert(0, str(SCRIPTS.parent))
-    try:
-        compare = _load("compare", SCRIPTS / "calibrate" / "compare.py")
-    finally:
-        sys.path.remove(str(SCRIPTS.parent))
-    import argparse
-    import json
-
+    compare = _load_from_root("compare", SCRIPTS / "calibrate" / "compare.py")
     data = SCRIPTS / "calibrate" / "data"
     lone = json.loads((data / "boot5-probe-qwen2.5-7b.json").read_text())
     ttft = {t["prompt"]: t["ttft_ms"] for t in lone["ttft"]}
@@ -119,15 +124,7 @@ def test_one_boot_alone_is_the_reference_with_boot(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_tuning_through_the_engine_brings_a_mis_set_term_back() -> None:
     pytest.importorskip("scipy")
-    sys.path.insert(0, str(SCRIPTS.parent))
-    try:
-        tune = _load("tune_replay", SCRIPTS / "calibrate" / "tune_replay.py")
-    finally:
-        sys.path.remove(str(SCRIPTS.parent))
-    import argparse
-    import json
-    import tempfile
-
+    tune = _load_from_root("tune_replay", SCRIPTS / "calibrate" / "tune_replay.py")
     shipped = json.loads((SCRIPTS.parent / "backends/sim/profiles/h200-qwen2.5-14b.json").read_text())
     wrong = json.loads(json.dumps(shipped))
     wrong["step_time_s"]["base"] *= 1.5  # every step 4 ms too long: TPOTs ~+50 %
