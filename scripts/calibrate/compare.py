@@ -419,6 +419,24 @@ def reproducibility(rows: list[dict]) -> list[str]:
     ]
 
 
+def against_boot(a: argparse.Namespace) -> list[str]:
+    """With ``--boot``: how close the other boots of run 1's probes come to that boot, each alone and their median
+    (what a sim fitted to them could hope for on it)."""
+    others = ["probe", *sorted({f.name.split("-qwen", 1)[0] for f in DATA.glob("boot[0-9]*-probe-qwen*.json")})]
+    others = [b for b in others if b != a.boot]
+    real = {b: {(r["model"], r["cell"]): r["real"] for r in table(argparse.Namespace(**{**vars(a), "boot": b}))}
+            for b in [a.boot, *others]}  # fmt: skip
+    ref = {k: v for k, v in real[a.boot].items() if v}
+
+    def within(vals: dict) -> str:
+        ok = [abs(vals[k] / v - 1) <= 0.10 for k, v in ref.items() if vals.get(k)]
+        return f"{sum(ok)}/{len(ok)}"
+
+    median = {k: statistics.median([real[b][k] for b in others if real[b].get(k) is not None]) for k in ref}
+    each = ", ".join(f"{b} {within(real[b])}" for b in others)
+    return [f"real against {a.boot}: the other boots' median within 10% on {within(median)} cells; each alone: {each}."]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS))
@@ -478,6 +496,8 @@ def main() -> None:
             r["sim_ext"], r["baseline"] = v, True
             r["sim_ext_err"] = (v / r["real"] - 1) if (v is not None and r["real"]) else None
     md = render(rows)
+    if a.boot:
+        md += "\n" + "\n".join(against_boot(a))
     print(md)
     if a.write:
         Path(a.write + ".json").write_text(json.dumps(rows, indent=1) + "\n")

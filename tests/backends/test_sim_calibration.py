@@ -135,3 +135,28 @@ def test_tuning_through_the_engine_brings_a_mis_set_term_back() -> None:
     assert err(before) > 0.2 and err(after) < err(before) / 2
     assert abs(out["step_time_s"]["base"] / shipped["step_time_s"]["base"] - 1) < 0.2
     assert out["cudagraph"]["max_tokens"] == shipped["cudagraph"]["max_tokens"]  # what it does not tune is kept
+
+
+def test_with_boot_the_other_boots_are_scored_against_it(tmp_path: Path) -> None:
+    compare = _load_from_root("compare", SCRIPTS / "calibrate" / "compare.py")
+    a = argparse.Namespace(out_dir=str(tmp_path), models=list(compare.MODELS), repeats=True, boot="boot2-probe")
+    (line,) = compare.against_boot(a)
+    assert "boot2-probe" not in line.split("each alone:")[1]  # not scored against itself
+    counts = [int(c.split("/")[0]) for c in line.replace(",", " ").replace(".", " ").split() if "/" in c]
+    assert len(counts) == 5 and all(0 <= c <= 78 for c in counts)  # the median, then run 1, boots 3, 4, 5
+    assert "probe " in line and "boot5-probe" in line
+
+
+def test_the_sim_real_table_counts_by_policy(real_vllm: ModuleType, tmp_path: Path, capsys: Any) -> None:
+    def entry(policy: str, ttft: float) -> dict[str, Any]:
+        ms = {"p50": 1000 * ttft, "p99": 2000 * ttft}
+        return {"workload": "chat", "policy": policy, "rate": 1, "requests": 1, "worker_counters_since": "run",
+                "ttft_ms": ms, "tpot_ms": ms, "e2e_ms": ms}  # fmt: skip
+
+    real, sim = tmp_path / "real.json", tmp_path / "sim.json"
+    real.write_text(json.dumps([entry("round_robin", 1.0), entry("predictive", 1.0)]))
+    sim.write_text(json.dumps([entry("round_robin", 1.05), entry("predictive", 1.5)]))  # predictive routed apart
+    real_vllm.cmd_table(argparse.Namespace(real=[str(real)], sim=[str(sim)], real_counters="cumulative"))
+    out = capsys.readouterr().out
+    assert "within 10% by policy: round_robin 6/6, predictive 0/6" in out
+    assert "6 of 12 sim latencies within 10% of real" in out
