@@ -31,10 +31,13 @@ from collections.abc import Sequence
 from backends.sim.engine import Batch, Engine
 
 #: The driver's timeslice and the cost of handing the GPU to another context, in real H200 seconds
-#: (divided by ``speedup``). Fitted on ``scripts/calibrate/data/colocate-h200.json`` (vLLM 0.26.0,
-#: 2026-11-29): ``python scripts/calibrate/colocate.py fit ...``, joint fit over batches 1 and 8.
-TIMESLICE_S = 0.00144
-SWITCH_S = 0.0005
+#: (divided by ``speedup``). Fitted to the shipped profiles' own steps over the shared phases (batches 1
+#: and 8) of two boots' co-location probes, ``scripts/calibrate/data/colocate-h200.json`` (2026-11-29) and
+#: ``colocate-boot6.json`` (2026-12-01), vLLM 0.26.0: ``python scripts/calibrate/colocate.py predict
+#: scripts/calibrate/data/colocate-h200.json scripts/calibrate/data/colocate-boot6.json --profiles
+#: backends/sim/profiles --fit`` (1.562 / 0.604 ms; docs/CALIBRATION.md "The switch cost refitted").
+TIMESLICE_S = 0.00156
+SWITCH_S = 0.0006
 
 _EPS = 1e-12
 

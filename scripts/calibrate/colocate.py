@@ -309,6 +309,48 @@ def _write(args: argparse.Namespace, phases: list[dict[str, Any]]) -> None:
         json.dump({"prompt": args.prompt, "tokens": args.tokens, "phases": phases}, f, indent=1)
 
 
+def _print_compare(rows: list[str], errs: list[tuple[bool, float]]) -> None:
+    if rows:
+        print("\n".join(rows))
+    for label, sel in (("all", errs), ("sharing the GPU", [x for x in errs if x[0]])):
+        e = sorted(abs(d) for _, d in sel)
+        if e:
+            print(f"{label}: {sum(d <= 0.10 for d in e)} of {len(e)} worker-phases within 10%, "
+                  f"median |Δ| {100 * e[len(e) // 2]:.0f}%")  # fmt: skip
+
+
+def fit_constants(reals: list[dict[str, Any]], profiles: dict[str, dict[str, Any]], seed: int = 1) -> dict[str, Any]:
+    """The sim's timeslice and switch cost (ms, ``backends/sim/gpu.py``'s constants) that best explain the probes'
+    shared greedy phases with the profiles' own steps (:func:`predicted_phases`: each profile's linear decode step and
+    ``gpu_share``, as the sim runs them): least squares over the relative TPOT errors of every worker of every shared
+    phase of every probe in ``reals``. Bounded, seeded differential evolution (a step's number of turns jumps with
+    the timeslice), polished by Nelder-Mead. Unlike :func:`fit_timeslice`, the workers' steps are not refitted to
+    the probe's boot: the sim's constants are fitted to the sim's profiles."""
+    from scipy.optimize import differential_evolution, minimize
+
+    pairs = []
+    for real in reals:
+        shared = [p for p in real["phases"] if len(p["subset"]) > 1 and p.get("sampling", "greedy") == "greedy"]
+        pairs.append(({**real, "phases": shared}, shared))
+
+    def err(x: Any) -> float:
+        q, sw = float(x[0]), float(x[1])
+        if q < 0.2 or sw < 0.0:
+            return 1e9
+        total = 0.0
+        for real, shared in pairs:
+            for p, pr in zip(shared, predicted_phases(real, profiles, q, sw), strict=True):
+                total += sum((pr["tpot_ms"][m] / p["tpot_ms"][m] - 1.0) ** 2 for m in p["subset"])
+        return total
+
+    de = differential_evolution(err, [(0.5, 4.0), (0.0, 1.0)], seed=seed, maxiter=40, popsize=10, tol=1e-7,
+                                polish=False)  # fmt: skip
+    nm = minimize(err, de.x, method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-8, "maxiter": 500})
+    x = nm.x if nm.fun < de.fun else de.x
+    return {"timeslice_ms": round(float(x[0]), 3), "switch_ms": round(float(x[1]), 3), "sse": round(float(err(x)), 5),
+            "phases": sum(len(shared) for _, shared in pairs)}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -338,34 +380,47 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("sim")
     cp.add_argument("--sim-speedup", type=float, default=1.0, help="the sim's --speedup (its TPOT x it: H200 time)")
     pd = sub.add_parser("predict", help="real against the sim's model run on a set of profiles (no sim started)")
-    pd.add_argument("real")
+    pd.add_argument("real", nargs="+", help="one or more probes (each boot's table in turn)")
     pd.add_argument("--profiles", required=True, help="a folder of h200-<model>.json")
     pd.add_argument("--batches", default="1,8", help="the phases to compare (the sim's constants: batches 1, 8)")
+    pd.add_argument(
+        "--fit", action="store_true", help="also fit the timeslice and switch cost to these probes with these profiles"
+    )
     args = ap.parse_args(argv)
-    if args.cmd in ("compare", "predict"):
-        with open(args.real, encoding="utf-8") as f:
-            real = json.load(f)
-        if args.cmd == "compare":
-            with open(args.sim, encoding="utf-8") as g:
-                rows, errs = compare(real["phases"], json.load(g)["phases"], args.sim_speedup)
-        else:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-            from backends.sim.gpu import SWITCH_S, TIMESLICE_S
+    if args.cmd == "compare":
+        with open(args.real, encoding="utf-8") as f, open(args.sim, encoding="utf-8") as g:
+            rows, errs = compare(json.load(f)["phases"], json.load(g)["phases"], args.sim_speedup)
+        _print_compare(rows, errs)
+        return 0
+    if args.cmd == "predict":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from backends.sim.gpu import SWITCH_S, TIMESLICE_S
 
-            models = {m for p in real["phases"] for m in p["subset"]}
-            profiles = {}
-            for m in models:
-                with open(f"{args.profiles}/h200-{m}.json", encoding="utf-8") as f:
-                    profiles[m] = json.load(f)
-            keep = {int(b) for b in args.batches.split(",")}
-            real["phases"] = [p for p in real["phases"] if p["batch"] in keep]
-            sim = predicted_phases(real, profiles, TIMESLICE_S * 1e3, SWITCH_S * 1e3)
-            rows, errs = compare(real["phases"], sim, 1.0)
-        print("\n".join(rows))
-        for label, sel in (("all", errs), ("sharing the GPU", [x for x in errs if x[0]])):
-            e = sorted(abs(d) for _, d in sel)
-            print(f"{label}: {sum(d <= 0.10 for d in e)} of {len(e)} worker-phases within 10%, "
-                  f"median |Δ| {100 * e[len(e) // 2]:.0f}%")  # fmt: skip
+        keep = {int(b) for b in args.batches.split(",")}
+        reals = []
+        for path in args.real:
+            with open(path, encoding="utf-8") as f:
+                real = json.load(f)
+            # the model's steps are the probes' (greedy): a probe's bench-sampling phases are not its kind
+            phases = [p for p in real["phases"] if p["batch"] in keep and p.get("sampling", "greedy") == "greedy"]
+            reals.append({**real, "phases": phases})
+        profiles = {}
+        for m in sorted({m for real in reals for p in real["phases"] for m in p["subset"]}):
+            with open(f"{args.profiles}/h200-{m}.json", encoding="utf-8") as f:
+                profiles[m] = json.load(f)
+        constants = [("the sim's constants", TIMESLICE_S * 1e3, SWITCH_S * 1e3)]
+        if args.fit:
+            fit = fit_constants(reals, profiles)
+            print(json.dumps(fit))
+            constants.append(("fitted", fit["timeslice_ms"], fit["switch_ms"]))
+        for label, q, sw in constants:
+            print(f"\n### {label}: timeslice {q:.3f} ms, switch {sw:.3f} ms")
+            every: list[tuple[bool, float]] = []
+            for path, real in zip(args.real, reals, strict=True):
+                rows, errs = compare(real["phases"], predicted_phases(real, profiles, q, sw), 1.0)
+                print(f"\n{path}\n" + "\n".join(rows))
+                every += errs
+            _print_compare([], every)
         return 0
     if args.cmd == "probe":
         _write(args, asyncio.run(probe(args)))

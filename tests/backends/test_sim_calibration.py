@@ -160,3 +160,28 @@ def test_the_sim_real_table_counts_by_policy(real_vllm: ModuleType, tmp_path: Pa
     out = capsys.readouterr().out
     assert "within 10% by policy: round_robin 6/6, predictive 0/6" in out
     assert "6 of 12 sim latencies within 10% of real" in out
+
+
+def test_the_switch_cost_is_fitted_to_the_profiles_own_steps() -> None:
+    pytest.importorskip("scipy")
+    colocate = _load("colocate", SCRIPTS / "calibrate" / "colocate.py")
+    profiles = {
+        "small": {"step_time_s": {"base": 0.002, "decode_seqs": 0.0, "decode_context_tokens": 0.0}, "gpu_share": 0.3},
+        "big": {"step_time_s": {"base": 0.0045, "decode_seqs": 0.0, "decode_context_tokens": 0.0}, "gpu_share": 0.9},
+    }
+    subsets = [["small"], ["big"], ["small", "big"]]
+    skeleton = {"prompt": 100, "tokens": 100, "phases": [{"subset": s, "batch": b} for b in (1, 8) for s in subsets]}
+    # a probe measured on a GPU whose switch costs 0.7 ms (timeslice 1.3 ms); the probe's own alone phases are a
+    # slower boot's (the fit keeps the profiles' steps: only the shared phases count)
+    truth = colocate.predicted_phases(skeleton, profiles, q_ms=1.3, switch_ms=0.7)
+    for p in truth:
+        if len(p["subset"]) == 1:
+            p["tpot_ms"] = {m: 1.3 * v for m, v in p["tpot_ms"].items()}
+    bench = {"subset": ["small", "big"], "batch": 1, "sampling": "bench", "tpot_ms": {"small": 99.0, "big": 99.0}}
+    probe = {**skeleton, "phases": [*truth, bench]}  # another kind of request: not fitted
+    fit = colocate.fit_constants([probe], profiles)
+    assert fit["phases"] == 2 and fit["switch_ms"] == pytest.approx(0.7, abs=0.05)
+    shared = [p for p in truth if len(p["subset"]) > 1]
+    pred = colocate.predicted_phases({**skeleton, "phases": shared}, profiles, fit["timeslice_ms"], fit["switch_ms"])
+    for p, q in zip(shared, pred, strict=True):
+        assert q["tpot_ms"] == pytest.approx(p["tpot_ms"], rel=0.02)
