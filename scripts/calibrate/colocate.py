@@ -386,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     pd.add_argument(
         "--fit", action="store_true", help="also fit the timeslice and switch cost to these probes with these profiles"
     )
+    pd.add_argument("--constants", metavar="Q,S", help="also these timeslice and switch cost (ms), e.g. earlier ones")
     args = ap.parse_args(argv)
     if args.cmd == "compare":
         with open(args.real, encoding="utf-8") as f, open(args.sim, encoding="utf-8") as g:
@@ -409,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
             with open(f"{args.profiles}/h200-{m}.json", encoding="utf-8") as f:
                 profiles[m] = json.load(f)
         constants = [("the sim's constants", TIMESLICE_S * 1e3, SWITCH_S * 1e3)]
+        if args.constants:
+            q, sw = (float(v) for v in args.constants.split(","))
+            constants.append(("given", q, sw))
         if args.fit:
             fit = fit_constants(reals, profiles)
             print(json.dumps(fit))
@@ -418,9 +422,12 @@ def main(argv: list[str] | None = None) -> int:
             every: list[tuple[bool, float]] = []
             for path, real in zip(args.real, reals, strict=True):
                 rows, errs = compare(real["phases"], predicted_phases(real, profiles, q, sw), 1.0)
-                print(f"\n{path}\n" + "\n".join(rows))
+                print(f"\n{path}")
+                _print_compare(rows, errs)
                 every += errs
-            _print_compare([], every)
+            if len(reals) > 1:
+                print("\nevery probe")
+                _print_compare([], every)
         return 0
     if args.cmd == "probe":
         _write(args, asyncio.run(probe(args)))

@@ -69,9 +69,9 @@ def kind_of(cell: str) -> str:
     return "kv" if cell.startswith("KV") else cell.split(" ", 1)[0]
 
 
-def with_terms(raw: dict, x: np.ndarray) -> dict:
+def with_terms(raw: dict, x: np.ndarray, terms: tuple[tuple[str, str], ...] = TERMS) -> dict:
     q = json.loads(json.dumps(raw))
-    for (sec, key), v in zip(TERMS, x, strict=True):
+    for (sec, key), v in zip(terms, x, strict=True):
         q[sec][key] = float(f"{max(0.0, float(v)):.4g}")
     return q
 
@@ -97,12 +97,14 @@ def tune(raw: dict, model: str, a: argparse.Namespace, tmp: Path) -> tuple[dict,
     kv = json.loads((replay.DATA / "probe-kvsmall.json").read_text()).get("kv") if model == "qwen2.5-0.5b" else None
     http_s = a.sim_http_ms / 1e3
     held = set(a.hold_out)
-    x0 = np.array([raw[sec][key] for sec, key in TERMS], float)
-    scale = np.array([SCALE[key] for _, key in TERMS])
+    terms = a.terms
+    x0 = np.array([raw[sec][key] for sec, key in terms], float)
+    scale = np.array([SCALE[key] for _, key in terms])
     start = np.maximum(x0, 0.05 * scale)  # a term fitted to 0 gets a foothold
 
     def res(x: np.ndarray) -> np.ndarray:
-        rows = [r for r in cells(with_terms(raw, x), model, real, kv, http_s, tmp) if kind_of(r["cell"]) not in held]
+        rows = [r for r in cells(with_terms(raw, x, terms), model, real, kv, http_s, tmp)
+                if kind_of(r["cell"]) not in held]  # fmt: skip
         fit = [math.log(1.0 + r["sim_err"]) for r in rows]
         # penalty: each term's log distance from the step-level fit (from its foothold for a term fitted to 0)
         prior = [a.prior * math.log((max(v, 1e-3 * s) + s * 0.05) / (st + s * 0.05))
@@ -111,7 +113,7 @@ def tune(raw: dict, model: str, a: argparse.Namespace, tmp: Path) -> tuple[dict,
 
     sol = least_squares(res, start, bounds=(0.0, np.inf), x_scale=scale, diff_step=0.02, loss="soft_l1",
                         f_scale=0.05, max_nfev=a.max_nfev)  # fmt: skip
-    out = with_terms(raw, sol.x)
+    out = with_terms(raw, sol.x, terms)
     return out, cells(raw, model, real, kv, http_s, tmp), cells(out, model, real, kv, http_s, tmp)
 
 
@@ -130,7 +132,17 @@ def main() -> None:
         help="least-squares function evaluations per model (~ iterations: the Jacobian's are not counted)",
     )
     ap.add_argument("--sim-http-ms", type=float, default=3.0, help="as in replay.py")
+    ap.add_argument(
+        "--terms",
+        default=",".join(key for _, key in TERMS),
+        help="the terms moved (by key; the others stay as fitted), e.g. the ones a decode step does not use: "
+        "prefill_tokens,prefill_attn_mtok2,eager_floor_s,ttft,per_request",
+    )
     a = ap.parse_args()
+    keys = [k for k in a.terms.split(",") if k]
+    if bad := [k for k in keys if k not in SCALE]:
+        ap.error(f"--terms: unknown term {bad[0]!r} (one of {', '.join(SCALE)})")
+    a.terms = tuple(t for t in TERMS if t[1] in keys)
     a.hold_out = [k for k in a.hold_out.split(",") if k]
     if bad := [k for k in a.hold_out if k not in KINDS]:
         ap.error(f"--hold-out: unknown kind {bad[0]!r} (one of {', '.join(KINDS)})")
@@ -145,7 +157,7 @@ def main() -> None:
             every_before += before
             every_after += after
             print(f"\n== {model}")
-            for sec, key in TERMS:
+            for sec, key in a.terms:
                 print(f"  {sec}.{key}: {raw[sec][key]:.4g} -> {out[sec][key]:.4g}")
             for b, r in zip(before, after, strict=True):
                 tag = "  (held out)" if kind_of(r["cell"]) in a.hold_out else ""
@@ -155,7 +167,8 @@ def main() -> None:
                 )
             out["provenance"]["tuned"] = {
                 "script": "scripts/calibrate/tune_replay.py", "prior": a.prior, "hold_out": a.hold_out,
-                "fitted": {f"{sec}.{key}": raw[sec][key] for sec, key in TERMS},
+                "terms": [f"{sec}.{key}" for sec, key in a.terms],
+                "fitted": {f"{sec}.{key}": raw[sec][key] for sec, key in a.terms},
                 "cells": {"fit": score(before), "tuned": score(after)},
             }  # fmt: skip
             if not a.dry_run:

@@ -128,13 +128,31 @@ def test_tuning_through_the_engine_brings_a_mis_set_term_back() -> None:
     shipped = json.loads((SCRIPTS.parent / "backends/sim/profiles/h200-qwen2.5-14b.json").read_text())
     wrong = json.loads(json.dumps(shipped))
     wrong["step_time_s"]["base"] *= 1.5  # every step 4 ms too long: TPOTs ~+50 %
-    a = argparse.Namespace(hold_out=[], prior=0.05, max_nfev=4, sim_http_ms=3.0)
+    a = argparse.Namespace(hold_out=[], prior=0.05, max_nfev=4, sim_http_ms=3.0, terms=tune.TERMS)
     with tempfile.TemporaryDirectory() as td:
         out, before, after = tune.tune(wrong, "qwen2.5-14b", a, Path(td))
     err = lambda rows: sorted(abs(r["sim_err"]) for r in rows)[len(rows) // 2]  # noqa: E731
     assert err(before) > 0.2 and err(after) < err(before) / 2
     assert abs(out["step_time_s"]["base"] / shipped["step_time_s"]["base"] - 1) < 0.2
     assert out["cudagraph"]["max_tokens"] == shipped["cudagraph"]["max_tokens"]  # what it does not tune is kept
+
+
+@pytest.mark.slow
+def test_tuning_only_the_ttft_terms_leaves_the_decode_step_alone() -> None:
+    pytest.importorskip("scipy")
+    tune = _load_from_root("tune_replay", SCRIPTS / "calibrate" / "tune_replay.py")
+    shipped = json.loads((SCRIPTS.parent / "backends/sim/profiles/h200-qwen2.5-14b.json").read_text())
+    wrong = json.loads(json.dumps(shipped))
+    wrong["overhead_s"]["ttft"] += 0.03  # every TTFT 30 ms too long
+    wrong["step_time_s"]["decode_seqs"] *= 1.5  # and the decode step off too, which these terms must not move
+    a = argparse.Namespace(hold_out=[], prior=0.05, max_nfev=4, sim_http_ms=3.0,
+                           terms=(("overhead_s", "ttft"), ("frontend_s", "per_request")))  # fmt: skip
+    with tempfile.TemporaryDirectory() as td:
+        out, before, after = tune.tune(wrong, "qwen2.5-14b", a, Path(td))
+    ttft = lambda rows: [abs(r["sim_err"]) for r in rows if r["cell"].startswith("TTFT")]  # noqa: E731
+    assert min(ttft(before)) > 0.05 and max(ttft(after)) < min(ttft(before))
+    assert out["overhead_s"]["ttft"] < wrong["overhead_s"]["ttft"] - 0.02
+    assert out["step_time_s"] == wrong["step_time_s"] and out["cudagraph"] == wrong["cudagraph"]
 
 
 def test_with_boot_the_other_boots_are_scored_against_it(tmp_path: Path) -> None:
