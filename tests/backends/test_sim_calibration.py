@@ -132,7 +132,7 @@ def test_tuning_through_the_engine_brings_a_mis_set_term_back() -> None:
     with tempfile.TemporaryDirectory() as td:
         out, before, after = tune.tune(wrong, "qwen2.5-14b", a, Path(td))
     err = lambda rows: sorted(abs(r["sim_err"]) for r in rows)[len(rows) // 2]  # noqa: E731
-    assert err(before) > 0.2 and err(after) < err(before) / 2
+    assert err(before) > 0.15 and err(after) < err(before) / 2
     assert abs(out["step_time_s"]["base"] / shipped["step_time_s"]["base"] - 1) < 0.2
     assert out["cudagraph"]["max_tokens"] == shipped["cudagraph"]["max_tokens"]  # what it does not tune is kept
 
