@@ -29,8 +29,9 @@ python scripts/real_vllm.py table --real R.json [R2.json ...] --sim S.json [S2.j
     workers (one boot for every run of h200_validate.sh) they count from the boot; the table takes each run's
     own share as the difference from the run before (runs ordered by their counters: the --real files of one
     boot, chat and mixed, together). The sims are started afresh per run: their counters are the run's own.
-python scripts/real_vllm.py per-backend OUT.json [--speedup X] LABEL=GLOB...
-    TPOT/TTFT p50 per worker from the gateway's request logs (x X: modelled H200 time)
+python scripts/real_vllm.py per-backend OUT.json [--speedup X] [--split] LABEL=GLOB...
+    TPOT/TTFT p50 per worker from the gateway's request logs (x X: modelled H200 time); --split: per workload and
+    policy of each request (a committed real log holds every run of a seed)
 """
 
 from __future__ import annotations
@@ -232,27 +233,44 @@ def cmd_table(args: argparse.Namespace) -> None:
             print(f"within 10% by {name}: " + ", ".join(f"{m} {a}/{n}" for m, (a, n) in counts.items()))
 
 
+def _workload(row: dict[str, Any]) -> str:
+    """The bench workload of a logged request: its workflow id is ``s<seed>-<workload>-<n>``."""
+    parts = str(row.get("workflow_id") or "").split("-")
+    return parts[1] if len(parts) >= 3 else "?"
+
+
 def cmd_per_backend(args: argparse.Namespace) -> None:
     import glob
+    import gzip
     import statistics
 
     out: dict[str, dict[str, dict[str, float]]] = {}
     for spec in args.runs:
         label, pattern = spec.split("=", 1)
         for f in sorted(glob.glob(pattern)):
-            rows = [json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
+            with gzip.open(f, "rt") if f.endswith(".gz") else open(f) as fh:
+                rows = [json.loads(line) for line in fh if line.strip()]
             ok = [r for r in rows if r.get("outcome") == "ok" and r.get("tpot_s")]
-            key = f"{label} {ok[0]['policy']}" if ok else label
-            for b in sorted({r["backend"] for r in ok}):
-                mine = [r for r in ok if r["backend"] == b]
-                out.setdefault(key, {})[b] = {
-                    "requests": len(mine),
-                    "tpot_ms_p50": round(1000 * args.speedup * statistics.median(r["tpot_s"] for r in mine), 2),
-                    "ttft_ms_p50": round(1000 * args.speedup * statistics.median(r["ttft_s"] for r in mine), 1),
-                }
+            if args.split:  # one key per workload and policy: a log that holds several runs
+                groups: dict[str, list[dict[str, Any]]] = {}
+                for r in ok:
+                    groups.setdefault(f"{label} {_workload(r)} {r['policy']}", []).append(r)
+            else:
+                groups = {f"{label} {ok[0]['policy']}" if ok else label: ok}
+            for key, logged in sorted(groups.items()):
+                for b in sorted({r["backend"] for r in logged}):
+                    mine = [r for r in logged if r["backend"] == b]
+                    out.setdefault(key, {})[b] = {
+                        "requests": len(mine),
+                        "tpot_ms_p50": round(1000 * args.speedup * statistics.median(r["tpot_s"] for r in mine), 2),
+                        "ttft_ms_p50": round(1000 * args.speedup * statistics.median(r["ttft_s"] for r in mine), 1),
+                    }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     for key, backends in out.items():
-        print(key, {b: v["tpot_ms_p50"] for b, v in backends.items()})
+        if args.split:
+            print(key, {b: (v["ttft_ms_p50"], v["tpot_ms_p50"]) for b, v in backends.items()})
+        else:
+            print(key, {b: v["tpot_ms_p50"] for b, v in backends.items()})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,7 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     pb = sub.add_parser("per-backend")
     pb.add_argument("out")
     pb.add_argument("--speedup", type=float, default=1.0, help="the sims' speedup (latencies x it: H200 time)")
-    pb.add_argument("runs", nargs="+", help="LABEL=GLOB of request logs")
+    pb.add_argument("runs", nargs="+", help="LABEL=GLOB of request logs (.jsonl or .jsonl.gz)")
+    pb.add_argument(
+        "--split", action="store_true", help="key by each request's workload and policy: logs of several runs"
+    )
     args = p.parse_args(argv)
     commands = {"backends": cmd_backends, "configs": cmd_configs, "bench": cmd_bench, "merge": cmd_merge,
                 "table": cmd_table, "per-backend": cmd_per_backend}  # fmt: skip

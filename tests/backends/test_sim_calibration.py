@@ -203,3 +203,23 @@ def test_the_switch_cost_is_fitted_to_the_profiles_own_steps() -> None:
     pred = colocate.predicted_phases({**skeleton, "phases": shared}, profiles, fit["timeslice_ms"], fit["switch_ms"])
     for p, q in zip(shared, pred, strict=True):
         assert q["tpot_ms"] == pytest.approx(p["tpot_ms"], rel=0.02)
+
+
+def test_per_backend_splits_one_log_by_workload_and_policy(real_vllm: ModuleType, tmp_path: Path) -> None:
+    import gzip
+
+    def row(policy: str, wf: str, backend: str, ttft: float) -> dict[str, Any]:
+        return {"outcome": "ok", "policy": policy, "workflow_id": wf, "backend": backend, "ttft_s": ttft,
+                "tpot_s": ttft / 10}  # fmt: skip
+
+    rows = [row("round_robin", "s1-chat-0", "a", 0.04), row("round_robin", "s1-chat-1", "a", 0.06),
+            row("least_outstanding", "s1-chat-0", "a", 0.02), row("round_robin", "s1-mixed-0", "b", 0.03)]  # fmt: skip
+    log = tmp_path / "requests.jsonl.gz"
+    with gzip.open(log, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    out = tmp_path / "pb.json"
+    real_vllm.main(["per-backend", str(out), "--split", "--speedup", "0.5", f"real={log}"])
+    got = json.loads(out.read_text())
+    assert sorted(got) == ["real chat least_outstanding", "real chat round_robin", "real mixed round_robin"]
+    assert got["real chat round_robin"]["a"] == {"requests": 2, "tpot_ms_p50": 2.5, "ttft_ms_p50": 25.0}
+    assert got["real chat least_outstanding"]["a"]["ttft_ms_p50"] == 10.0
