@@ -7,6 +7,7 @@ import importlib.util
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -121,16 +122,26 @@ def test_one_boot_alone_is_the_reference_with_boot(tmp_path: Path) -> None:
     assert len(every["TTFT p128"]["real_runs"]) > 4  # every boot (and run 2's sweeps) without it
 
 
-@pytest.mark.slow
-def test_tuning_through_the_engine_brings_a_mis_set_term_back() -> None:
+def _tune_14b(mis_set: Callable[[dict[str, Any]], None], terms: Any) -> tuple[dict[str, Any], ...]:
+    """The shipped 14B profile, ``mis_set`` in place, tuned (4 evaluations) on the given terms: shipped, mis-set,
+    tuned, and the cells before and after."""
     pytest.importorskip("scipy")
     tune = _load_from_root("tune_replay", SCRIPTS / "calibrate" / "tune_replay.py")
     shipped = json.loads((SCRIPTS.parent / "backends/sim/profiles/h200-qwen2.5-14b.json").read_text())
     wrong = json.loads(json.dumps(shipped))
-    wrong["step_time_s"]["base"] *= 1.5  # every step 4 ms too long: TPOTs ~+50 %
-    a = argparse.Namespace(hold_out=[], prior=0.05, max_nfev=4, sim_http_ms=3.0, terms=tune.TERMS)
+    mis_set(wrong)
+    a = argparse.Namespace(hold_out=[], prior=0.05, max_nfev=4, sim_http_ms=3.0, terms=terms or tune.TERMS)
     with tempfile.TemporaryDirectory() as td:
         out, before, after = tune.tune(wrong, "qwen2.5-14b", a, Path(td))
+    return shipped, wrong, out, before, after
+
+
+@pytest.mark.slow
+def test_tuning_through_the_engine_brings_a_mis_set_term_back() -> None:
+    def mis_set(p: dict[str, Any]) -> None:
+        p["step_time_s"]["base"] *= 1.5  # every step 4 ms too long: TPOTs ~+50 %
+
+    shipped, _, out, before, after = _tune_14b(mis_set, None)
     err = lambda rows: sorted(abs(r["sim_err"]) for r in rows)[len(rows) // 2]  # noqa: E731
     assert err(before) > 0.15 and err(after) < err(before) / 2
     assert abs(out["step_time_s"]["base"] / shipped["step_time_s"]["base"] - 1) < 0.2
@@ -139,16 +150,11 @@ def test_tuning_through_the_engine_brings_a_mis_set_term_back() -> None:
 
 @pytest.mark.slow
 def test_tuning_only_the_ttft_terms_leaves_the_decode_step_alone() -> None:
-    pytest.importorskip("scipy")
-    tune = _load_from_root("tune_replay", SCRIPTS / "calibrate" / "tune_replay.py")
-    shipped = json.loads((SCRIPTS.parent / "backends/sim/profiles/h200-qwen2.5-14b.json").read_text())
-    wrong = json.loads(json.dumps(shipped))
-    wrong["overhead_s"]["ttft"] += 0.03  # every TTFT 30 ms too long
-    wrong["step_time_s"]["decode_seqs"] *= 1.5  # and the decode step off too, which these terms must not move
-    a = argparse.Namespace(hold_out=[], prior=0.05, max_nfev=4, sim_http_ms=3.0,
-                           terms=(("overhead_s", "ttft"), ("frontend_s", "per_request")))  # fmt: skip
-    with tempfile.TemporaryDirectory() as td:
-        out, before, after = tune.tune(wrong, "qwen2.5-14b", a, Path(td))
+    def mis_set(p: dict[str, Any]) -> None:
+        p["overhead_s"]["ttft"] += 0.03  # every TTFT 30 ms too long
+        p["step_time_s"]["decode_seqs"] *= 1.5  # and the decode step off too, which these terms must not move
+
+    _, wrong, out, before, after = _tune_14b(mis_set, (("overhead_s", "ttft"), ("frontend_s", "per_request")))
     ttft = lambda rows: [abs(r["sim_err"]) for r in rows if r["cell"].startswith("TTFT")]  # noqa: E731
     assert min(ttft(before)) > 0.05 and max(ttft(after)) < min(ttft(before))
     assert out["overhead_s"]["ttft"] < wrong["overhead_s"]["ttft"] - 0.02
