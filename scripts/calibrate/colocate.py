@@ -309,6 +309,14 @@ def _write(args: argparse.Namespace, phases: list[dict[str, Any]]) -> None:
         json.dump({"prompt": args.prompt, "tokens": args.tokens, "phases": phases}, f, indent=1)
 
 
+def _pair(text: str) -> tuple[float, float]:
+    try:
+        q, sw = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two numbers Q,S (ms), got {text!r}") from None
+    return q, sw
+
+
 def _print_compare(rows: list[str], errs: list[tuple[bool, float]]) -> None:
     if rows:
         print("\n".join(rows))
@@ -386,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     pd.add_argument(
         "--fit", action="store_true", help="also fit the timeslice and switch cost to these probes with these profiles"
     )
-    pd.add_argument("--constants", metavar="Q,S", help="also these timeslice and switch cost (ms), e.g. earlier ones")
+    pd.add_argument("--constants", metavar="Q,S", type=_pair,
+                    help="also these timeslice and switch cost (ms), e.g. earlier ones")  # fmt: skip
     args = ap.parse_args(argv)
     if args.cmd == "compare":
         with open(args.real, encoding="utf-8") as f, open(args.sim, encoding="utf-8") as g:
@@ -411,8 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                 profiles[m] = json.load(f)
         constants = [("the sim's constants", TIMESLICE_S * 1e3, SWITCH_S * 1e3)]
         if args.constants:
-            q, sw = (float(v) for v in args.constants.split(","))
-            constants.append(("given", q, sw))
+            constants.append(("given", *args.constants))
         if args.fit:
             fit = fit_constants(reals, profiles)
             print(json.dumps(fit))

@@ -11,18 +11,22 @@ soft-L1 loss), each cell simulated by the very engine the sim runs (a few hundre
 min). A penalty holds each term near the fit (``--prior``, in log units), so a term the cells say nothing about
 stays where the step-level fit put it.
 
-Tuned: step_time_s.{base, prefill_tokens, decode_seqs, decode_context_tokens, prefill_attn_mtok2},
-cudagraph.{eager_floor_s, eager_extra_s}, overhead_s.ttft, frontend_s.per_request. Not tuned: what other scripts
-fit (gpu_share, sampling_s, frontend_s.stream_*, per_prompt_token, measured directly).
+Tuned (``--terms``, by default all nine): step_time_s.{base, prefill_tokens, decode_seqs, decode_context_tokens,
+prefill_attn_mtok2}, cudagraph.{eager_floor_s, eager_extra_s}, overhead_s.ttft, frontend_s.per_request. Never tuned:
+what other scripts fit (gpu_share, sampling_s, frontend_s.stream_*, per_prompt_token, measured directly).
 
-The shipped profiles are not tuned. Tuned on the lone-worker probes, the small models come out faster than the
-median fit, and on the real three-worker benches (one GPU, docs/REAL_VLLM.md "Rerun 13") the sim was already too
-fast: the tuned sims put fewer bench cells within 10 % (docs/CALIBRATION.md, "Five boots").
+The shipped profiles have only the five terms a decode step does not use tuned (the boot-weighted four-boot fit,
+then ``--terms prefill_tokens,prefill_attn_mtok2,eager_floor_s,ttft,per_request``; docs/CALIBRATION.md "The TTFT
+terms tuned"): the decode step stays the fit's, to which backends/sim/gpu.py's switch cost is fitted. Tuned on every
+term, the small models come out faster than the fit, and on the real three-worker benches (one GPU, docs/REAL_VLLM.md
+"Rerun 13") the sim was already too fast: the tuned sims put fewer bench cells within 10 % ("Five boots").
 
     python scripts/calibrate/fit_profile.py --weight median --out-dir /tmp/median   # stages 1-3, each point's median
     python scripts/calibrate/tune_replay.py --profiles /tmp/median --dry-run        # print the before/after cells
     python scripts/calibrate/tune_replay.py --profiles /tmp/median --out-dir /tmp/tuned
     python scripts/calibrate/tune_replay.py --profiles /tmp/median --hold-out mix,saturation,kv --dry-run
+    python scripts/calibrate/tune_replay.py --profiles /tmp/fit4 --out-dir /tmp/ttft \
+        --terms prefill_tokens,prefill_attn_mtok2,eager_floor_s,ttft,per_request      # the shipped profiles
 """
 
 from __future__ import annotations
