@@ -235,8 +235,8 @@ def cmd_table(args: argparse.Namespace) -> None:
 
 def _workload(row: dict[str, Any]) -> str:
     """The bench workload of a logged request: its workflow id is ``s<seed>-<workload>-<n>``."""
-    parts = str(row.get("workflow_id") or "").split("-")
-    return parts[1] if len(parts) >= 3 else "?"
+    parts = str(row.get("workflow_id") or "").split("-", 1)
+    return parts[1].rsplit("-", 1)[0] if len(parts) == 2 and "-" in parts[1] else "?"
 
 
 def cmd_per_backend(args: argparse.Namespace) -> None:

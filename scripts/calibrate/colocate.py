@@ -336,27 +336,25 @@ def fit_constants(reals: list[dict[str, Any]], profiles: dict[str, dict[str, Any
     the probe's boot: the sim's constants are fitted to the sim's profiles."""
     from scipy.optimize import differential_evolution, minimize
 
-    pairs = []
-    for real in reals:
-        shared = [p for p in real["phases"] if len(p["subset"]) > 1 and p.get("sampling", "greedy") == "greedy"]
-        pairs.append(({**real, "phases": shared}, shared))
+    shared = [{**real, "phases": [p for p in real["phases"]
+                                  if len(p["subset"]) > 1 and p.get("sampling", "greedy") == "greedy"]}
+              for real in reals]  # fmt: skip
 
     def err(x: Any) -> float:
         q, sw = float(x[0]), float(x[1])
         if q < 0.2 or sw < 0.0:
             return 1e9
-        total = 0.0
-        for real, shared in pairs:
-            for p, pr in zip(shared, predicted_phases(real, profiles, q, sw), strict=True):
-                total += sum((pr["tpot_ms"][m] / p["tpot_ms"][m] - 1.0) ** 2 for m in p["subset"])
-        return total
+        return sum((pr["tpot_ms"][m] / p["tpot_ms"][m] - 1.0) ** 2
+                   for real in shared
+                   for p, pr in zip(real["phases"], predicted_phases(real, profiles, q, sw), strict=True)
+                   for m in p["subset"])  # fmt: skip
 
     de = differential_evolution(err, [(0.5, 4.0), (0.0, 1.0)], seed=seed, maxiter=40, popsize=10, tol=1e-7,
                                 polish=False)  # fmt: skip
     nm = minimize(err, de.x, method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-8, "maxiter": 500})
     x = nm.x if nm.fun < de.fun else de.x
     return {"timeslice_ms": round(float(x[0]), 3), "switch_ms": round(float(x[1]), 3), "sse": round(float(err(x)), 5),
-            "phases": sum(len(shared) for _, shared in pairs)}  # fmt: skip
+            "phases": sum(len(real["phases"]) for real in shared)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

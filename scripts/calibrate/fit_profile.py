@@ -23,7 +23,8 @@ were each measured on another boot of the same servers. The small models' decode
 boots (their steps are CPU-bound), and run 2 has 2.6x as many decode points as run 1, so a fit by point follows
 run 2, the fastest boot (docs/CALIBRATION.md, "Boots"); ``--weight point --no-colocate`` gives that fit back.
 ``--weight median`` fits each point once, at the median of the boots that measured it (the fidelity table's
-reference); tune_replay.py starts from it (docs/CALIBRATION.md, "Five boots"; neither is shipped).
+reference); tune_replay.py's all-terms tuning starts from it (docs/CALIBRATION.md, "Five boots"; neither is shipped:
+the shipped profiles are the ``--weight boot`` fit with only its TTFT terms tuned, "The TTFT terms tuned").
 
     python scripts/calibrate/fit_profile.py                # writes backends/sim/profiles/h200-*.json
     python scripts/calibrate/fit_profile.py --dry-run      # print the fit only
@@ -388,6 +389,8 @@ def main() -> None:
     probes = {} if a.no_colocate else {"c" + f.stem.removeprefix("colocate-h200").lstrip("-"): json.loads(f.read_text())
                                        for f in sorted(data.glob("colocate-h200*.json"))}  # fmt: skip
     sim_http = a.sim_http_ms / 1e3
+    if not a.dry_run:
+        Path(a.out_dir).mkdir(parents=True, exist_ok=True)
     for model, quality in MODELS.items():
         d = json.loads((data / f"probe-{model}.json").read_text())
         # run 2 and any later boot of the run-2 sweeps (TAG=probe3 ... of run_h200.sh): rows r2, r3, ...
@@ -512,7 +515,6 @@ def main() -> None:
                                           if kk not in ("metrics_delta", "cache_config", "polls")}
             prof["raw"]["kv_pressure"]["flags"] = summary.get("small_kv_flags")
         if not a.dry_run:
-            Path(a.out_dir).mkdir(parents=True, exist_ok=True)
             p = Path(a.out_dir) / f"h200-{model}.json"
             keep_fitted_elsewhere(prof, PROFILES / f"h200-{model}.json")
             p.write_text(json.dumps(prof, indent=1) + "\n")

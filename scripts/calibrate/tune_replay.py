@@ -73,7 +73,7 @@ def kind_of(cell: str) -> str:
     return "kv" if cell.startswith("KV") else cell.split(" ", 1)[0]
 
 
-def with_terms(raw: dict, x: np.ndarray, terms: tuple[tuple[str, str], ...] = TERMS) -> dict:
+def with_terms(raw: dict, x: np.ndarray, terms: tuple[tuple[str, str], ...]) -> dict:
     q = json.loads(json.dumps(raw))
     for (sec, key), v in zip(terms, x, strict=True):
         q[sec][key] = float(f"{max(0.0, float(v)):.4g}")
@@ -171,7 +171,6 @@ def main() -> None:
                 )
             out["provenance"]["tuned"] = {
                 "script": "scripts/calibrate/tune_replay.py", "prior": a.prior, "hold_out": a.hold_out,
-                "terms": [f"{sec}.{key}" for sec, key in a.terms],
                 "fitted": {f"{sec}.{key}": raw[sec][key] for sec, key in a.terms},
                 "cells": {"fit": score(before), "tuned": score(after)},
             }  # fmt: skip
