@@ -32,6 +32,9 @@ python scripts/real_vllm.py table --real R.json [R2.json ...] --sim S.json [S2.j
 python scripts/real_vllm.py per-backend OUT.json [--speedup X] [--split] LABEL=GLOB...
     TPOT/TTFT p50 per worker from the gateway's request logs (x X: modelled H200 time); --split: per workload and
     policy of each request (a committed real log holds every run of a seed)
+python scripts/real_vllm.py by-load OUT.json [--speedup X] [--workload W] [--of BACKEND] [--cap N] LABEL=GLOB...
+    TTFT p50 per worker by how many requests were in flight at its arrival (rebuilt from the logged arrivals and
+    e2e times of the same run: workload and policy), on the worker itself or, with --of, on that other worker
 """
 
 from __future__ import annotations
@@ -273,6 +276,53 @@ def cmd_per_backend(args: argparse.Namespace) -> None:
             print(key, {b: v["tpot_ms_p50"] for b, v in backends.items()})
 
 
+def _read_log(path: str) -> list[dict[str, Any]]:
+    import gzip
+
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def in_flight(run: list[dict[str, Any]], at: float, backend: str, skip: dict[str, Any] | None = None) -> int:
+    """How many of one run's requests were in flight on ``backend`` at ``at`` (arrival to arrival + e2e)."""
+    return sum(1 for r in run if r is not skip and r["backend"] == backend and r["ts"] <= at < r["ts"] + r["e2e_s"])
+
+
+def cmd_by_load(args: argparse.Namespace) -> None:
+    import glob
+    import statistics
+
+    out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    for spec in args.runs:
+        label, pattern = spec.split("=", 1)
+        buckets: dict[str, dict[str, list[float]]] = {}  # every log of the label together
+        for f in sorted(glob.glob(pattern)):
+            runs: dict[tuple[str, str], list[dict[str, Any]]] = {}  # a log may hold several runs
+            for r in _read_log(f):
+                if r.get("outcome") == "ok" and r.get("ttft_s") and r.get("e2e_s"):
+                    runs.setdefault((_workload(r), r["policy"]), []).append(r)
+            for (workload, _), run in runs.items():
+                if args.workload and workload != args.workload:
+                    continue
+                for r in run:
+                    if r["backend"] == args.of:
+                        continue
+                    n = in_flight(run, r["ts"], args.of or r["backend"], skip=r)
+                    buckets.setdefault(r["backend"], {}).setdefault(str(min(n, args.cap)), []).append(r["ttft_s"])
+        for b, by_n in sorted(buckets.items()):
+            out.setdefault(label, {})[b] = {
+                n: {"requests": len(v), "ttft_ms_p50": round(1000 * args.speedup * statistics.median(v), 1)}
+                for n, v in sorted(by_n.items(), key=lambda kv: int(kv[0]))
+            }
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    on = f"on {args.of}" if args.of else "on itself"
+    for label, backends in out.items():
+        for b, by_n in backends.items():
+            cells = " ".join(f"{n}{'+' if int(n) == args.cap else ''}: {v['ttft_ms_p50']} ({v['requests']})"
+                             for n, v in by_n.items())  # fmt: skip
+            print(f"{label} {b} TTFT p50 ms (requests) by in flight {on}: {cells}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -337,9 +387,16 @@ def main(argv: list[str] | None = None) -> int:
     pb.add_argument(
         "--split", action="store_true", help="key by each request's workload and policy: logs of several runs"
     )
+    bl = sub.add_parser("by-load")
+    bl.add_argument("out")
+    bl.add_argument("--speedup", type=float, default=1.0, help="the sims' speedup (latencies x it: H200 time)")
+    bl.add_argument("--workload", help="only this workload's requests (default: all)")
+    bl.add_argument("--of", help="count the requests in flight on this backend (default: the request's own)")
+    bl.add_argument("--cap", type=int, default=6, help="the last bucket: this many or more")
+    bl.add_argument("runs", nargs="+", help="LABEL=GLOB of request logs (.jsonl or .jsonl.gz)")
     args = p.parse_args(argv)
     commands = {"backends": cmd_backends, "configs": cmd_configs, "bench": cmd_bench, "merge": cmd_merge,
-                "table": cmd_table, "per-backend": cmd_per_backend}  # fmt: skip
+                "table": cmd_table, "per-backend": cmd_per_backend, "by-load": cmd_by_load}  # fmt: skip
     commands[args.cmd](args)
     return 0
 

@@ -229,3 +229,29 @@ def test_per_backend_splits_one_log_by_workload_and_policy(real_vllm: ModuleType
     assert sorted(got) == ["real chat least_outstanding", "real chat round_robin", "real mixed round_robin"]
     assert got["real chat round_robin"]["a"] == {"requests": 2, "tpot_ms_p50": 2.5, "ttft_ms_p50": 25.0}
     assert got["real chat least_outstanding"]["a"]["ttft_ms_p50"] == 10.0
+
+
+def test_by_load_buckets_ttft_by_the_requests_in_flight(real_vllm: ModuleType, tmp_path: Path) -> None:
+    def row(policy: str, backend: str, ts: float, e2e: float, ttft: float, wf: str = "s1-chat-0") -> dict[str, Any]:
+        return {"outcome": "ok", "policy": policy, "workflow_id": wf, "backend": backend, "ts": ts, "e2e_s": e2e,
+                "ttft_s": ttft}  # fmt: skip
+
+    rows = [
+        row("round_robin", "big", 0.0, 10.0, 0.5),  # the big worker busy from 0 to 10 s
+        row("round_robin", "small", 1.0, 1.0, 0.010),  # small: alone on itself, 1 on big
+        row("round_robin", "small", 1.5, 1.0, 0.030),  # small: 1 on itself (the one above), 1 on big
+        row("round_robin", "small", 20.0, 1.0, 0.020),  # after big finished: 0 and 0
+        row("least_outstanding", "small", 1.2, 1.0, 0.040),  # another run: nothing of round robin's counts
+        row("round_robin", "small", 1.2, 1.0, 0.050, wf="s1-mixed-0"),  # another workload: left out
+    ]
+    log = tmp_path / "requests.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "bl.json"
+    real_vllm.main(["by-load", str(out), "--workload", "chat", f"real={log}"])
+    own = json.loads(out.read_text())["real"]
+    assert own["small"] == {"0": {"requests": 3, "ttft_ms_p50": 20.0}, "1": {"requests": 1, "ttft_ms_p50": 30.0}}
+    assert own["big"] == {"0": {"requests": 1, "ttft_ms_p50": 500.0}}
+    real_vllm.main(["by-load", str(out), "--workload", "chat", "--of", "big", "--cap", "1", "--speedup", "0.5",
+                    f"real={log}"])  # fmt: skip
+    on_big = json.loads(out.read_text())["real"]
+    assert on_big == {"small": {"0": {"requests": 2, "ttft_ms_p50": 15.0}, "1": {"requests": 2, "ttft_ms_p50": 10.0}}}
