@@ -242,18 +242,33 @@ def _workload(row: dict[str, Any]) -> str:
     return parts[1].rsplit("-", 1)[0] if len(parts) == 2 and "-" in parts[1] else "?"
 
 
-def cmd_per_backend(args: argparse.Namespace) -> None:
-    import glob
+def _read_log(path: str) -> list[dict[str, Any]]:
     import gzip
+
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def logs_arg(spec: str) -> tuple[str, list[str]]:
+    """A ``LABEL=GLOB`` argument: the label and the request logs the pattern matches (an argparse error if none)."""
+    import glob
+
+    label, sep, pattern = spec.partition("=")
+    if not sep or not label:
+        raise argparse.ArgumentTypeError(f"expected LABEL=GLOB, got {spec!r}")
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise argparse.ArgumentTypeError(f"no request log matches {pattern!r}")
+    return label, files
+
+
+def cmd_per_backend(args: argparse.Namespace) -> None:
     import statistics
 
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for spec in args.runs:
-        label, pattern = spec.split("=", 1)
-        for f in sorted(glob.glob(pattern)):
-            with gzip.open(f, "rt") if f.endswith(".gz") else open(f) as fh:
-                rows = [json.loads(line) for line in fh if line.strip()]
-            ok = [r for r in rows if r.get("outcome") == "ok" and r.get("tpot_s")]
+    for label, files in args.runs:
+        for f in files:
+            ok = [r for r in _read_log(f) if r.get("outcome") == "ok" and r.get("tpot_s")]
             if args.split:  # one key per workload and policy: a log that holds several runs
                 groups: dict[str, list[dict[str, Any]]] = {}
                 for r in ok:
@@ -276,27 +291,25 @@ def cmd_per_backend(args: argparse.Namespace) -> None:
             print(key, {b: v["tpot_ms_p50"] for b, v in backends.items()})
 
 
-def _read_log(path: str) -> list[dict[str, Any]]:
-    import gzip
-
-    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def in_flight(run: list[dict[str, Any]], at: float, backend: str, skip: dict[str, Any] | None = None) -> int:
     """How many of one run's requests were in flight on ``backend`` at ``at`` (arrival to arrival + e2e)."""
     return sum(1 for r in run if r is not skip and r["backend"] == backend and r["ts"] <= at < r["ts"] + r["e2e_s"])
 
 
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def cmd_by_load(args: argparse.Namespace) -> None:
-    import glob
     import statistics
 
     out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
-    for spec in args.runs:
-        label, pattern = spec.split("=", 1)
+    for label, files in args.runs:
         buckets: dict[str, dict[str, list[float]]] = {}  # every log of the label together
-        for f in sorted(glob.glob(pattern)):
+        for f in files:
             runs: dict[tuple[str, str], list[dict[str, Any]]] = {}  # a log may hold several runs
             for r in _read_log(f):
                 if r.get("outcome") == "ok" and r.get("ttft_s") and r.get("e2e_s"):
@@ -383,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     pb = sub.add_parser("per-backend")
     pb.add_argument("out")
     pb.add_argument("--speedup", type=float, default=1.0, help="the sims' speedup (latencies x it: H200 time)")
-    pb.add_argument("runs", nargs="+", help="LABEL=GLOB of request logs (.jsonl or .jsonl.gz)")
+    pb.add_argument("runs", nargs="+", type=logs_arg, help="LABEL=GLOB of request logs (.jsonl or .jsonl.gz)")
     pb.add_argument(
         "--split", action="store_true", help="key by each request's workload and policy: logs of several runs"
     )
@@ -392,8 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     bl.add_argument("--speedup", type=float, default=1.0, help="the sims' speedup (latencies x it: H200 time)")
     bl.add_argument("--workload", help="only this workload's requests (default: all)")
     bl.add_argument("--of", help="count the requests in flight on this backend (default: the request's own)")
-    bl.add_argument("--cap", type=int, default=6, help="the last bucket: this many or more")
-    bl.add_argument("runs", nargs="+", help="LABEL=GLOB of request logs (.jsonl or .jsonl.gz)")
+    bl.add_argument("--cap", type=_positive_int, default=6, help="the last bucket: this many or more")
+    bl.add_argument("runs", nargs="+", type=logs_arg, help="LABEL=GLOB of request logs (.jsonl or .jsonl.gz)")
     args = p.parse_args(argv)
     commands = {"backends": cmd_backends, "configs": cmd_configs, "bench": cmd_bench, "merge": cmd_merge,
                 "table": cmd_table, "per-backend": cmd_per_backend, "by-load": cmd_by_load}  # fmt: skip

@@ -255,3 +255,15 @@ def test_by_load_buckets_ttft_by_the_requests_in_flight(real_vllm: ModuleType, t
                     f"real={log}"])  # fmt: skip
     on_big = json.loads(out.read_text())["real"]
     assert on_big == {"small": {"0": {"requests": 2, "ttft_ms_p50": 15.0}, "1": {"requests": 2, "ttft_ms_p50": 10.0}}}
+
+
+@pytest.mark.parametrize("spec", ["nolabel", "=x.jsonl", "real=/nonexistent/requests-*.jsonl"])
+def test_by_load_and_per_backend_refuse_a_bad_log_argument_in_one_line(
+    real_vllm: ModuleType, tmp_path: Path, spec: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for cmd in ("by-load", "per-backend"):
+        with pytest.raises(SystemExit) as exc:
+            real_vllm.main([cmd, str(tmp_path / "out.json"), spec])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "argument runs:" in err and ("LABEL=GLOB" in err or "no request log matches" in err)
