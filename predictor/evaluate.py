@@ -19,6 +19,7 @@ from scipy.stats import kendalltau
 
 from predictor.boosting import Array
 from predictor.model import Estimator, Predictor, Sample
+from predictor.prior import changed_profiles
 
 
 def pinball(actual: Array, predicted: Array, q: float) -> float:
@@ -72,6 +73,9 @@ def evaluate(estimator: Estimator, data: Sequence[Sample]) -> dict[str, Any]:
         brier = float(np.mean((quality[rated] - (scores >= 0.5)) ** 2))
         out["quality"] = {"n": int(rated.sum()), "brier": round(brier, 4),
                           "base_rate": round(float(np.mean(scores >= 0.5)), 4)}  # fmt: skip
+    changed = changed_profiles(getattr(estimator, "profiles_", {}), {s.profile.name: s.profile for s in data})
+    if changed:  # the logs ran on profiles the model knew by other terms: its latency inputs differ from training's
+        out["profiles_changed"] = changed
     return out
 
 

@@ -36,6 +36,7 @@ from predictor.prior import (
     TPOT_P90_FACTOR,
     TTFT_P90_FACTOR,
     WorkerProfile,
+    fingerprint,
     prior_latency,
     prior_output,
     worker_load,
@@ -189,7 +190,11 @@ def _code(vocab: tuple[str, ...], name: str) -> float:
 
 
 class Predictor(BaseEstimator):  # type: ignore[misc]
-    """Learned output length, latency and quality (see the module docstring)."""
+    """Learned output length, latency and quality (see the module docstring).
+
+    ``profiles_`` (fitted): each worker profile the training samples ran on, by name, with its
+    :func:`~predictor.prior.fingerprint` (the gateway warns when its config's profile of a name differs).
+    """
 
     def __init__(
         self,
@@ -217,6 +222,7 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         # First the calibration (a copy fitted on part of the data), then the model on all of it.
         self.output_factor_, self.load_edges_, self.latency_shift_, self.latency_pooled_ = self._calibrate(samples)
         self.agents_ = tuple(sorted({s.features.agent for s in samples}))
+        self.profiles_ = {s.profile.name: fingerprint(s.profile) for s in samples}  # what the prior was built on
         self.models_ = tuple(sorted({s.view.model for s in samples}))
         text_len = self._fit_text_length(samples)
         X_len = np.asarray([

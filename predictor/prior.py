@@ -15,9 +15,10 @@ estimates as features and correct them.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from backends.sim.profile import (
@@ -98,6 +99,31 @@ def profile_for(name: str | None, model: str = "", time_scale: float = 1.0) -> W
         return WorkerProfile.of(load_profile(name), time_scale)
     except ProfileError:
         return WorkerProfile.of(load_profile(DEFAULT_PROFILE), time_scale)
+
+
+#: the WorkerProfile fields in seconds (multiplied by ``time_scale``); the rest are counts, levels and the quality
+_SECONDS = frozenset({"base", "prefill", "decode_seqs", "decode_ctx", "attn", "ttft_overhead", "stream_token",
+                      "stream_wait", "intake", "intake_token", "eager_floor", "eager_extra", "eager_token",
+                      "prefill_extra"})  # fmt: skip
+
+
+def fingerprint(wp: WorkerProfile) -> str:
+    """A short digest of a worker profile's terms in profile seconds (its ``time_scale`` taken out), so one profile
+    run at two speedups has one fingerprint and a refitted profile of the same name another. A learned predictor
+    records the fingerprints it was trained on (``Predictor.profiles_``): its latency models take the prior as
+    features, so the same name with other terms gives them other inputs than they were fitted on."""
+    k = wp.time_scale or 1.0
+    terms = ";".join(
+        f"{f.name}={(getattr(wp, f.name) / k if f.name in _SECONDS else getattr(wp, f.name)):.6g}"
+        for f in fields(wp)
+        if f.name not in ("name", "time_scale")
+    )
+    return hashlib.sha256(terms.encode()).hexdigest()[:16]
+
+
+def changed_profiles(trained: Mapping[str, str], profiles: Mapping[str, WorkerProfile]) -> list[str]:
+    """The names of ``profiles`` that a predictor trained on ``trained`` (name -> fingerprint) knew by other terms."""
+    return sorted({wp.name for wp in profiles.values() if wp.name in trained and trained[wp.name] != fingerprint(wp)})
 
 
 def worker_profiles(config: Config) -> dict[str, WorkerProfile]:

@@ -32,7 +32,7 @@ from predictor import artifact, fleetview
 from predictor.dataset import samples
 from predictor.model import ModelSlot, Predictor, PriorPredictor
 from predictor.prefix import PrefixIndex
-from predictor.prior import WorkerProfile, worker_profiles
+from predictor.prior import WorkerProfile, changed_profiles, worker_profiles
 from predictor.sketch import prefix_hashes, prompt_text, task_text, text_features
 from predictor.window import TrainingWindow
 from router.config import Config, PredictorConfig
@@ -78,6 +78,11 @@ class PredictorRuntime:
             estimator, header = await asyncio.to_thread(artifact.load, self.settings.model)
             self.slot.swap(estimator)
             log.info("predictor %s loaded (%s samples)", self.settings.model, header.get("meta", {}).get("samples"))
+            changed = changed_profiles(getattr(estimator, "profiles_", {}), self.profiles)
+            if changed:  # it still routes, on prior features it was not fitted on: say so once, at start
+                log.warning("predictor %s was trained on other terms of profile %s than this config's: its latency "
+                            "predictions may be off until it is retrained (`chimera predictor train`)",
+                            self.settings.model, ", ".join(changed))  # fmt: skip
         if self.settings.refit_interval_s > 0:
             self._task = asyncio.create_task(self._refit_loop(), name="predictor-refit")
 

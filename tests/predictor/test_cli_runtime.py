@@ -85,3 +85,57 @@ def test_a_gzipped_log_reads_as_the_plain_one(tmp_path: Path, capsys: pytest.Cap
         assert main(["predictor", "eval", "--log", str(bad), "--model", "prior"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("chimera: error:") and bad.name in err and "Traceback" not in err
+
+
+def test_fingerprint_takes_the_time_scale_out_and_sees_a_changed_term() -> None:
+    import dataclasses
+
+    from predictor.prior import fingerprint, profile_for
+
+    a, slow = profile_for("h200-qwen2.5-0.5b"), profile_for("h200-qwen2.5-0.5b", time_scale=4.0)
+    assert fingerprint(a) == fingerprint(slow)
+    assert fingerprint(dataclasses.replace(a, base=a.base * 1.5)) != fingerprint(a)
+    assert fingerprint(profile_for("h200-qwen2.5-7b")) != fingerprint(a)
+
+
+async def test_a_model_trained_on_other_profile_terms_is_flagged_at_start_and_in_eval(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A learned model takes the prior as features; the same profile name with refitted terms gives it other inputs.
+    The gateway still loads it but warns once; `chimera predictor eval` names the profiles in its report."""
+    import dataclasses
+
+    from predictor.cli import _load_samples
+    from predictor.evaluate import evaluate
+
+    train = write_log(tmp_path / "train.jsonl", 200)
+    model = tmp_path / "p.pkl"
+    assert main(["predictor", "train", "--log", str(train), "--out", str(model)]) == 0
+    capsys.readouterr()
+    shipped = json.loads((Path(__file__).parents[2] / "backends/sim/profiles/h200-qwen2.5-0.5b.json").read_text())
+    shipped["step_time_s"]["base"] *= 2  # refitted: the same name, another step time
+    refit = tmp_path / "h200-qwen2.5-0.5b.json"
+    refit.write_text(json.dumps(shipped))
+
+    def backends(profile: str) -> list[dict[str, object]]:
+        return [{"name": "small", "url": "http://127.0.0.1:9", "model": "qwen2.5-0.5b", "profile": profile},
+                {"name": "big", "url": "http://127.0.0.1:10", "model": "qwen2.5-7b"}]  # fmt: skip
+
+    for profile, warned in (("h200-qwen2.5-0.5b", False), (str(refit), True)):
+        caplog.clear()
+        rt = PredictorRuntime(make_config(backends(profile), policy="predictive", predictor={"model": str(model)}))
+        with caplog.at_level("WARNING", logger="chimera.predictor"):
+            await rt.start()
+        assert isinstance(rt.slot.current, Predictor)
+        hits = [r.getMessage() for r in caplog.records if "trained on other terms" in r.getMessage()]
+        assert (hits != []) is warned
+        if warned:
+            assert "h200-qwen2.5-0.5b" in hits[0] and "h200-qwen2.5-7b" not in hits[0]
+        await rt.close()
+    assert main(["predictor", "eval", "--log", str(train), "--model", str(model), "--json"]) == 0
+    assert "profiles_changed" not in json.loads(capsys.readouterr().out)
+    estimator, _ = artifact.load(model)
+    data = _load_samples([str(train)])
+    slower = [dataclasses.replace(s, profile=dataclasses.replace(s.profile, base=s.profile.base * 2))
+              if s.profile.name == "h200-qwen2.5-0.5b" else s for s in data]  # fmt: skip
+    assert evaluate(estimator, slower)["profiles_changed"] == ["h200-qwen2.5-0.5b"]
