@@ -155,7 +155,7 @@ def per_run_counters(entries: list[dict[str, Any]]) -> dict[tuple[str, str], dic
     counter goes down on the way (not one boot: its runs' counters are their own already)."""
 
     def total(e: dict[str, Any]) -> float:
-        return sum(c.get("prefix_cache_queries", 0.0) for c in e["worker_counters"].values())
+        return float(sum(c.get("prefix_cache_queries", 0.0) for c in e["worker_counters"].values()))
 
     out: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
     prev: dict[str, dict[str, float]] = {}
@@ -330,9 +330,9 @@ def cmd_by_load(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     on = f"on {args.of}" if args.of else "on itself"
     for label, backends in out.items():
-        for b, by_n in backends.items():
+        for b, rows in backends.items():
             cells = " ".join(f"{n}{'+' if int(n) == args.cap else ''}: {v['ttft_ms_p50']} ({v['requests']})"
-                             for n, v in by_n.items())  # fmt: skip
+                             for n, v in rows.items())  # fmt: skip
             print(f"{label} {b} TTFT p50 ms (requests) by in flight {on}: {cells}")
 
 
