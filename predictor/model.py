@@ -222,7 +222,8 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         # First the calibration (a copy fitted on part of the data), then the model on all of it.
         self.output_factor_, self.load_edges_, self.latency_shift_, self.latency_pooled_ = self._calibrate(samples)
         self.agents_ = tuple(sorted({s.features.agent for s in samples}))
-        self.profiles_ = {s.profile.name: fingerprint(s.profile) for s in samples}  # what the prior was built on
+        profiles = {s.profile.name: s.profile for s in samples}  # what the prior was built on: one digest per name
+        self.profiles_ = {name: fingerprint(wp) for name, wp in profiles.items()}
         self.models_ = tuple(sorted({s.view.model for s in samples}))
         text_len = self._fit_text_length(samples)
         X_len = np.asarray([

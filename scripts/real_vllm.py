@@ -242,11 +242,19 @@ def _workload(row: dict[str, Any]) -> str:
     return parts[1].rsplit("-", 1)[0] if len(parts) == 2 and "-" in parts[1] else "?"
 
 
-def _read_log(path: str) -> list[dict[str, Any]]:
-    import gzip
+def _runs(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """A log's requests by run, (workload, policy): a committed real log holds every run of a seed."""
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        runs.setdefault((_workload(r), r["policy"]), []).append(r)
+    return runs
 
-    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+
+def _ok_requests(path: str, *needed: str) -> list[dict[str, Any]]:
+    """The answered requests of a gateway request log (plain or gzipped) that carry every field in ``needed``."""
+    from predictor.dataset import read_log
+
+    return [r for r in read_log(path)[0] if r.get("outcome") == "ok" and all(r.get(k) for k in needed)]
 
 
 def logs_arg(spec: str) -> tuple[str, list[str]]:
@@ -268,11 +276,9 @@ def cmd_per_backend(args: argparse.Namespace) -> None:
     out: dict[str, dict[str, dict[str, float]]] = {}
     for label, files in args.runs:
         for f in files:
-            ok = [r for r in _read_log(f) if r.get("outcome") == "ok" and r.get("tpot_s")]
+            ok = _ok_requests(f, "tpot_s")
             if args.split:  # one key per workload and policy: a log that holds several runs
-                groups: dict[str, list[dict[str, Any]]] = {}
-                for r in ok:
-                    groups.setdefault(f"{label} {_workload(r)} {r['policy']}", []).append(r)
+                groups = {f"{label} {workload} {policy}": run for (workload, policy), run in _runs(ok).items()}
             else:
                 groups = {f"{label} {ok[0]['policy']}" if ok else label: ok}
             for key, logged in sorted(groups.items()):
@@ -310,11 +316,7 @@ def cmd_by_load(args: argparse.Namespace) -> None:
     for label, files in args.runs:
         buckets: dict[str, dict[str, list[float]]] = {}  # every log of the label together
         for f in files:
-            runs: dict[tuple[str, str], list[dict[str, Any]]] = {}  # a log may hold several runs
-            for r in _read_log(f):
-                if r.get("outcome") == "ok" and r.get("ttft_s") and r.get("e2e_s"):
-                    runs.setdefault((_workload(r), r["policy"]), []).append(r)
-            for (workload, _), run in runs.items():
+            for (workload, _), run in _runs(_ok_requests(f, "ttft_s", "e2e_s")).items():
                 if args.workload and workload != args.workload:
                     continue
                 for r in run:

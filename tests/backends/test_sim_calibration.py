@@ -215,8 +215,8 @@ def test_per_backend_splits_one_log_by_workload_and_policy(real_vllm: ModuleType
     import gzip
 
     def row(policy: str, wf: str, backend: str, ttft: float) -> dict[str, Any]:
-        return {"outcome": "ok", "policy": policy, "workflow_id": wf, "backend": backend, "ttft_s": ttft,
-                "tpot_s": ttft / 10}  # fmt: skip
+        return {"request_id": f"{policy}-{wf}-{ttft}", "endpoint": "chat", "ts": 1.0, "outcome": "ok", "policy": policy,
+                "workflow_id": wf, "backend": backend, "ttft_s": ttft, "tpot_s": ttft / 10}  # fmt: skip
 
     rows = [row("round_robin", "s1-chat-0", "a", 0.04), row("round_robin", "s1-chat-1", "a", 0.06),
             row("least_outstanding", "s1-chat-0", "a", 0.02), row("round_robin", "s1-mixed-0", "b", 0.03)]  # fmt: skip
@@ -233,8 +233,8 @@ def test_per_backend_splits_one_log_by_workload_and_policy(real_vllm: ModuleType
 
 def test_by_load_buckets_ttft_by_the_requests_in_flight(real_vllm: ModuleType, tmp_path: Path) -> None:
     def row(policy: str, backend: str, ts: float, e2e: float, ttft: float, wf: str = "s1-chat-0") -> dict[str, Any]:
-        return {"outcome": "ok", "policy": policy, "workflow_id": wf, "backend": backend, "ts": ts, "e2e_s": e2e,
-                "ttft_s": ttft}  # fmt: skip
+        return {"request_id": f"{policy}-{wf}-{ts}", "endpoint": "chat", "outcome": "ok", "policy": policy,
+                "workflow_id": wf, "backend": backend, "ts": ts, "e2e_s": e2e, "ttft_s": ttft}  # fmt: skip
 
     rows = [
         row("round_robin", "big", 0.0, 10.0, 0.5),  # the big worker busy from 0 to 10 s
