@@ -128,8 +128,15 @@ class HeadFirstProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
+#: How long the gateway keeps an idle client connection open. Longer than its clients keep theirs: the openai SDK's
+#: and httpx's pools reuse an idle connection for up to 5 s, uvicorn's default close is also at 5 s, and a request
+#: sent as the server closes its connection fails with a read error (a POST is not retried by httpx; the soak saw
+#: it, docs/RELIABILITY.md). 75 s also outlasts a load balancer's usual 60-s idle timeout in front of the gateway.
+CLIENT_KEEPALIVE_S = 75
+
 # How the gateway's uvicorn server runs, for `chimera serve` and the bench's gateway processes alike:
-# this protocol, uvicorn's own logs only for warnings, no access log (the request log has it all).
+# this protocol, uvicorn's own logs only for warnings, no access log (the request log has it all), idle client
+# connections kept CLIENT_KEEPALIVE_S.
 SERVER_OPTIONS: Mapping[str, Any] = MappingProxyType(
-    {"http": HeadFirstProtocol, "log_level": "warning", "access_log": False}
+    {"http": HeadFirstProtocol, "log_level": "warning", "access_log": False, "timeout_keep_alive": CLIENT_KEEPALIVE_S}
 )

@@ -79,3 +79,14 @@ def test_a_head_with_nothing_after_it_is_not_held_back() -> None:
             assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")
             sock.settimeout(3)
             assert sock.recv(65536) == b"late"
+
+
+def test_the_gateway_keeps_idle_client_connections_longer_than_its_clients_do() -> None:
+    """A client reuses a pooled connection for up to its keep-alive expiry; a server that closes first races it, and
+    the request sent into the closing connection fails (the soak's ReadErrors under uvicorn's default 5 s)."""
+    import openai._constants
+
+    from router.wire import SERVER_OPTIONS
+
+    clients = (openai._constants.DEFAULT_CONNECTION_LIMITS.keepalive_expiry, httpx.Limits().keepalive_expiry)
+    assert SERVER_OPTIONS["timeout_keep_alive"] > max(c for c in clients if c is not None) + 1.0
