@@ -12,7 +12,7 @@ uses it too) and the one :func:`make_http_client` builds sends through
 request, and with it the client side of a proxied request cost ~3x aiohttp's (docs/BENCH.md,
 "Gateway overhead"). ``httpx`` below means ``httpx2``.
 
-Every httpx error is translated here into a :class:`router.errors.WorkerError` subclass
+Every httpx error is translated here into a :class:`router.core.errors.WorkerError` subclass
 (``raise ... from exc``); nothing above this module sees httpx exceptions.
 """
 
@@ -25,8 +25,8 @@ from typing import NoReturn
 import httpx2 as httpx
 
 from backends.transport import AT_EOF, WORKER_KEEPALIVE_S, AiohttpTransport
-from router.config import BackendConfig, Timeouts
-from router.errors import (
+from router.core.config import BackendConfig, Timeouts
+from router.core.errors import (
     WorkerConnectError,
     WorkerError,
     WorkerProtocolError,

@@ -30,8 +30,9 @@ from typing import IO
 
 import httpx
 
-from router.config import BackendConfig, Config
-from router.errors import ChimeraError, ConfigError
+from router.core import paths
+from router.core.config import BackendConfig, Config
+from router.core.errors import ConfigError, LaunchError
 
 ENTRY_POINT = "vllm.entrypoints.openai.api_server"
 GIB = 1024**3
@@ -39,10 +40,6 @@ OOM_PATTERNS = ("CUDA out of memory", "OutOfMemoryError", "No available memory f
                 "is less than desired GPU memory utilization")  # fmt: skip
 _KV_LOG_RE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _LABEL_RE = r'\b{}="(\d+)"'
-
-
-class LaunchError(ChimeraError):
-    """A worker could not be started or died (CLI exit 1)."""
 
 
 @dataclass(frozen=True)
@@ -231,7 +228,7 @@ def wait_healthy(workers: Sequence[Worker], *, timeout_s: float, poll_s: float =
             for w in list(pending):
                 check_alive(w)
                 try:
-                    ok = http.get(w.plan.backend.url + "/health").status_code == 200
+                    ok = http.get(w.plan.backend.url + paths.WORKER_HEALTH).status_code == 200
                 except httpx.HTTPError:
                     ok = False
                 if ok:
@@ -282,7 +279,7 @@ def kv_capacity(w: Worker, http: httpx.Client) -> KvCheck:
     """The KV tokens vLLM really allocated: metrics first, the start-up log second."""
     configured = w.plan.backend.kv_budget_tokens
     with contextlib.suppress(httpx.HTTPError):
-        actual = kv_tokens_from_metrics(http.get(w.plan.backend.url + "/metrics").text)
+        actual = kv_tokens_from_metrics(http.get(w.plan.backend.url + paths.WORKER_METRICS).text)
         if actual is not None:
             return KvCheck(w.plan.name, configured, actual, "metrics")
     actual = kv_tokens_from_log(_tail(w.plan.log_path, 1 << 20))

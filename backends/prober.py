@@ -12,8 +12,8 @@ A healthy worker's ``GET {url}/v1/models`` is also checked, on its first good pr
 it fails its probes until it serves that name. A worker without a usable /v1/models (an error, not
 JSON) is not held to it.
 
-The outcome goes to ``FleetState.record_probe``; ejection and re-admission are the state's call,
-so active and passive failures are counted in one place.
+The outcome goes to the fleet state's ``record_probe`` (its :class:`ProbeSink`); ejection and
+re-admission are the state's call, so active and passive failures are counted in one place.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from collections.abc import Sequence
 import httpx2 as httpx
 
 from backends.scrape import parse_vllm_metrics
-from router.config import BackendConfig, HealthConfig
-from router.errors import ChimeraError, WorkerProtocolError
-from router.state.base import FleetState, ScrapedMetrics
+from router.core import paths
+from router.core.config import BackendConfig, HealthConfig
+from router.core.errors import ChimeraError, WorkerProtocolError
+from router.state.base import ProbeSink, ScrapedMetrics
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class Prober:
     def __init__(
         self,
         backends: Sequence[BackendConfig],
-        state: FleetState,
+        state: ProbeSink,
         client: httpx.AsyncClient,
         health: HealthConfig,
         *,
@@ -75,7 +76,7 @@ class Prober:
         """One round against one worker: (health ok, parsed metrics or None). Never raises for a
         worker's failure; those are the expected outcome of a probe."""
         try:
-            resp = await self._get(backend, "/health")
+            resp = await self._get(backend, paths.WORKER_HEALTH)
         except (httpx.HTTPError, TimeoutError) as exc:
             self._note(backend, False, f"/health: {_describe(exc)}")
             self._model_ok_at.pop(backend.name, None)
@@ -90,7 +91,7 @@ class Prober:
             return False, None
         self._note(backend, True, "")
         try:
-            resp = await self._get(backend, "/metrics")
+            resp = await self._get(backend, paths.WORKER_METRICS)
             if resp.status_code != 200:
                 raise WorkerProtocolError(f"/metrics answered {resp.status_code}", backend=backend.name)
             return True, parse_vllm_metrics(resp.text)
@@ -106,7 +107,7 @@ class Prober:
             return ""
         try:
             auth = {"authorization": "Bearer " + backend.api_key} if backend.api_key else None
-            resp = await self._get(backend, "/v1/models", auth)
+            resp = await self._get(backend, paths.WORKER_MODELS, auth)
             ids = [m["id"] for m in resp.json()["data"]] if resp.status_code == 200 else None
         except (httpx.HTTPError, TimeoutError, ValueError, KeyError, TypeError):
             ids = None

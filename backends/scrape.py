@@ -17,7 +17,7 @@ import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.errors import WorkerProtocolError
+from router.core.errors import WorkerProtocolError
 from router.state.base import ScrapedMetrics
 
 _RUNNING = "vllm:num_requests_running"

@@ -31,8 +31,8 @@ class _Stop(Exception):
 def run(args: argparse.Namespace, *, machine: Machine | None = None, spawn: Spawn | None = None,
         out: TextIO | None = None, poll_s: float = 0.5) -> int:  # fmt: skip
     from backends.launcher import Machine, check_alive, plan_workers, preflight, running_workers, spawn_process
-    from router.config import load_config
-    from router.errors import ConfigError
+    from router.core.config import load_config
+    from router.core.errors import ConfigError
 
     out = out or sys.stdout
     if args.timeout <= 0:

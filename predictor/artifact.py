@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import sklearn
 
+from router.core.errors import ArtifactError
+
 FORMAT = "chimera-predictor"
 SCHEMA_VERSION = 6  # bump when feature columns or the Predictor's layout change
 # What a file of an older schema lacks, for the refusal's message.
@@ -28,10 +30,6 @@ SCHEMA_CHANGES = {
     3: "the p90s' conformal calibration",
     2: "the per-prompt quality model",
 }
-
-
-class ArtifactError(ValueError):
-    """A predictor file cannot be used here; the message says why in one line."""
 
 
 def versions() -> dict[str, str]:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from router.errors import ConfigError
+from router.core.errors import ArtifactError, ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         try:
             estimator, _ = artifact.load(args.model)
-        except artifact.ArtifactError as exc:
+        except ArtifactError as exc:
             raise ConfigError(str(exc), key="--model") from exc
     _report(evaluate(estimator, data), args.json)
     return 0

@@ -19,7 +19,7 @@ from typing import Any
 from predictor.model import Sample
 from predictor.prior import profile_for
 from predictor.sketch import SKETCH_DIM
-from router.types import BackendView, RequestFeatures
+from router.core.types import BackendView, RequestFeatures
 
 
 def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
@@ -83,7 +83,7 @@ def remaining_tokens(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 def to_sample(rec: Mapping[str, Any], remaining: int | None = None, score: float | None = None) -> Sample:
     fl = rec["fleet"]
-    sk = rec.get("sketch") or ()  # the 64 dense sketch values, then the task's term ids (predictor.runtime)
+    sk = rec.get("sketch") or ()  # the 64 dense sketch values, then the task's term ids (router.learning)
     backend, model = rec["backend"], rec["model"]
     features = RequestFeatures(
         agent=rec.get("agent") or "",

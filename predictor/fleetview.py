@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from predictor.prior import WorkerProfile, prior_latency, profiles_by_model
-from router.types import BackendView, RequestFeatures
+from router.core.types import BackendView, RequestFeatures
 
 if TYPE_CHECKING:
     from predictor.model import ModelSlot

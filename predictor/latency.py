@@ -17,7 +17,7 @@ import numpy as np
 
 from predictor.boosting import Array, MultiQuantileRegressor
 from predictor.prior import WorkerProfile
-from router.types import BackendView, RequestFeatures
+from router.core.types import BackendView, RequestFeatures
 
 TARGETS = ("ttft", "tpot", "e2e")
 N_COLUMNS = 24

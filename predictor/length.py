@@ -15,7 +15,7 @@ import numpy as np
 
 from predictor.boosting import Array, MultiQuantileRegressor
 from predictor.sketch import SKETCH_DIM
-from router.types import RequestFeatures
+from router.core.types import RequestFeatures
 
 TARGETS = ("output_tokens", "workflow_remaining_tokens")
 N_COLUMNS = 8 + SKETCH_DIM

@@ -43,7 +43,7 @@ from predictor.prior import (
 )
 from predictor.quality import QualityModel, term_matrix
 from predictor.sketch import N_TERMS
-from router.types import BackendView, RequestFeatures
+from router.core.types import BackendView, RequestFeatures
 
 
 @dataclass(frozen=True, slots=True)

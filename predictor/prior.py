@@ -21,18 +21,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
-from backends.sim.profile import (
+from router.core.config import Config
+from router.core.errors import ProfileError
+from router.core.profile import (
     CudaGraph,
     Frontend,
     Profile,
-    ProfileError,
     available_profiles,
     eager_step,
     load_profile,
     stream_delay,
 )
-from router.config import Config
-from router.types import BackendView
+from router.core.types import BackendView
 
 DEFAULT_PROFILE = "h200-qwen2.5-7b"  # the guess for a worker whose model has no shipped profile
 PRIOR_OUTPUT_P50 = 150.0

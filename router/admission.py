@@ -36,13 +36,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from router.config import AdmissionConfig, AgentConfig, Config
-from router.errors import NoHealthyWorker, Overloaded
+from router.call import ProxyCall
+from router.core.config import AdmissionConfig, AgentConfig, Config
+from router.core.errors import NoHealthyWorker, Overloaded
+from router.core.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
 from router.features import reserved_tokens
 from router.metrics import Metrics
-from router.proxy import ProxyCall
-from router.state.base import FleetState
-from router.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
+from router.state.base import FleetView
 
 DEFAULT_OCCUPANCY_S = 2.0  # how long a request holds its reservation, before anything was measured
 TYPICAL_OUTPUT_TOKENS = 150
@@ -144,7 +144,7 @@ def eligible_workers(snapshot: FleetSnapshot, features: RequestFeatures) -> Flee
 class AdmissionController:
     """One per gateway (``Gateway.admission``), when ``gateway.admission`` is configured."""
 
-    def __init__(self, config: Config, state: FleetState, policy: Policy, metrics: Metrics, *,
+    def __init__(self, config: Config, state: FleetView, policy: Policy, metrics: Metrics, *,
                  clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
         assert config.gateway.admission is not None
         self.options: AdmissionConfig = config.gateway.admission

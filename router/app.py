@@ -36,20 +36,21 @@ from backends.prober import Prober
 from router import edge, feedback, fleet_api, openapi
 from router.admission import AdmissionController
 from router.auth import AgentResolver
-from router.config import Config
-from router.errors import ClientError
+from router.core import paths
+from router.core.config import Config
+from router.core.errors import ClientError
+from router.core.types import Policy
 from router.gateway import STATE_KEY, Gateway
 from router.metrics import Metrics
 from router.middleware import RequestContextMiddleware
-from router.policies import get_policy
+from router.policies import USES_PREDICTOR, create_policy
 from router.priority import make_priority
 from router.requestlog import RequestLog
 from router.state import create_state
 from router.state.base import FleetState
-from router.types import Policy
 
 if TYPE_CHECKING:
-    from predictor.runtime import PredictorRuntime
+    from router.learning import PredictorRuntime
 
 
 def create_app(
@@ -107,16 +108,16 @@ def create_app(
             yield {STATE_KEY: gateway}
 
     routes = [
-        Route("/v1/chat/completions", edge.Completion("chat"), methods=["POST"]),
-        Route("/v1/completions", edge.Completion("completions"), methods=["POST"]),
-        Route("/v1/models", edge.list_models, methods=["GET"]),
-        Route("/v1/models/{model:path}", edge.get_model, methods=["GET"]),
-        Route("/v1/feedback", feedback.post_feedback, methods=["POST"]),
-        Route("/health", fleet_api.health, methods=["GET"]),
-        Route("/ready", fleet_api.ready, methods=["GET"]),
-        Route("/metrics", fleet_api.metrics, methods=["GET"]),
-        Route("/fleet", fleet_api.fleet, methods=["GET"]),
-        Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
+        Route(paths.CHAT_COMPLETIONS, edge.Completion("chat"), methods=["POST"]),
+        Route(paths.COMPLETIONS, edge.Completion("completions"), methods=["POST"]),
+        Route(paths.MODELS, edge.list_models, methods=["GET"]),
+        Route(paths.MODELS + "/{model:path}", edge.get_model, methods=["GET"]),
+        Route(paths.FEEDBACK, feedback.post_feedback, methods=["POST"]),
+        Route(paths.HEALTH, fleet_api.health, methods=["GET"]),
+        Route(paths.READY, fleet_api.ready, methods=["GET"]),
+        Route(paths.METRICS, fleet_api.metrics, methods=["GET"]),
+        Route(paths.FLEET, fleet_api.fleet, methods=["GET"]),
+        Route(paths.OPENAPI, openapi.openapi_json, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,
@@ -155,19 +156,15 @@ def serving_gc() -> Iterator[None]:
 def _predictor_runtime(config: Config) -> PredictorRuntime | None:
     """The gateway's predictor: for the predictive policy, or wherever ``gateway.predictor`` asks for one
     (so that any policy's request log carries what the predictor trains on)."""
-    if config.gateway.policy != "predictive" and config.gateway.predictor is None:
+    if config.gateway.policy not in USES_PREDICTOR and config.gateway.predictor is None:
         return None
-    from predictor.runtime import PredictorRuntime
+    from router.learning import PredictorRuntime
 
     return PredictorRuntime(config)
 
 
 def _policy(config: Config, runtime: PredictorRuntime | None) -> Policy:
-    if config.gateway.policy == "predictive" and runtime is not None:
-        from router.policies.predictive import make_predictive
-
-        return make_predictive(config.gateway.policy_options, runtime.slot, runtime.profiles)
-    return get_policy(config.gateway.policy, config.gateway.policy_options)
+    return create_policy(config, runtime.slot if runtime is not None else None)
 
 
 def _name_of(policy: Policy, default: str) -> str:

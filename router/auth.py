@@ -14,8 +14,8 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 
-from router.config import AgentConfig, Config
-from router.errors import Unauthorized
+from router.core.config import AgentConfig, Config
+from router.core.errors import Unauthorized
 
 
 class AgentResolver:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from router.config import Config, PolicyOptions, load_config
-from router.errors import ChimeraError, ConfigError
+from router.core.config import Config, PolicyOptions, load_config
+from router.core.errors import ChimeraError, ConfigError
 
 if TYPE_CHECKING:
     from backends.sim.server import SimSettings
@@ -76,7 +76,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_workers_arguments(sub.add_parser("workers", help="start the config's real vLLM workers (launch:)"))
 
-    from router.bench.cli import add_arguments as add_bench_arguments  # argparse only: cheap
+    from chimera_bench.cli import add_arguments as add_bench_arguments  # argparse only: cheap
 
     add_bench_arguments(sub.add_parser("bench", help="replay a multi-agent workload through the gateway per policy"))
 
@@ -87,8 +87,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    from router.checks import inert_options
+    from router.policies import check_policy
+
     cfg = load_config(args.file)
+    check_policy(cfg)
     print(describe(cfg, args.file))
+    for line in inert_options(cfg):
+        print(f"warning: {line}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -161,8 +167,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
-    from backends.sim.profile import ProfileError
     from backends.sim.server import serve
+    from router.core.errors import ProfileError
 
     try:
         settings, also = sim_workers(args)
@@ -217,8 +223,8 @@ def _sim_also(spec: str, first: SimSettings, host: str) -> tuple[SimSettings, st
     port, host = fields.pop("port"), fields.pop("host", host)
     if not 0 <= port <= 65535:
         raise ConfigError(f"port must be 0..65535, got {port}", key="--also")
-    from backends.sim.profile import ProfileError
     from backends.sim.server import SimSettings, check_settings
+    from router.core.errors import ProfileError
 
     settings = SimSettings(**{"profile": first.profile, "speedup": first.speedup, **fields})
     try:
@@ -229,7 +235,7 @@ def _sim_also(spec: str, first: SimSettings, host: str) -> tuple[SimSettings, st
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from router.bench.cli import run
+    from chimera_bench.cli import run
 
     return run(args)
 

@@ -19,27 +19,29 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from router import asgi
-from router.asgi import route_path
-from router.config import AUTO_MODEL
-from router.errors import BadRequest, ClientError, ModelNotFound
+from router.call import ProxyCall
+from router.core.asgi import header_map, read_body, route_path
+from router.core.config import AUTO_MODEL
+from router.core.errors import BadRequest, ClientError, ModelNotFound
+from router.core.paths import UPSTREAM_PATHS
+from router.core.types import Endpoint
 from router.features import build_features, parse_body, resolve_models
 from router.gateway import STATE_KEY, Gateway, gateway_of
 from router.middleware import RECORD_KEY, REQUEST_ID_KEY
-from router.proxy import ProxyCall, ProxyResponse
+from router.proxy import ProxyResponse
 from router.ratelimit import enforce_rate_limits
 from router.requestlog import RequestRecord
-from router.types import Endpoint
 
 _CREATED = int(time.time())
 
 
-UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, or BodyTooLarge as soon as it is known to exceed ``limit`` bytes."""
-    return await asgi.read_body(request.receive, request.headers.get("content-length"), limit)
+async def request_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
+    """The request body; BodyTooLarge as soon as it is known to exceed ``limit`` bytes, ClientDisconnect
+    if the caller hangs up before sending all of it."""
+    body = await read_body(receive, limit, content_length=content_length)
+    if body is None:
+        raise ClientDisconnect()
+    return body
 
 
 def _json(body: bytes) -> Any:
@@ -94,11 +96,11 @@ class Completion:
                        request_id: str) -> ProxyCall:  # fmt: skip
         """The request as the proxy takes it, its record filled in. Raises ClientError."""
         endpoint = self.endpoint
-        headers = asgi.header_map(scope)
+        headers = header_map(scope)
         named = gw.agents.named(headers)  # a bad key is 401 before the body is read
         if named is not None:
             record.agent = named.name
-        body = await asgi.read_body(receive, headers.get("content-length"), gw.config.gateway.max_body_bytes)
+        body = await request_body(receive, headers.get("content-length"), gw.config.gateway.max_body_bytes)
         payload = _json(body)
         parsed = parse_body(endpoint, payload)
         agent = gw.agents.settle(named, parsed.model)

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from router.config import AUTO_MODEL, AgentConfig, Config
-from router.errors import BadRequest, ModelNotAllowed, ModelNotFound
-from router.types import Endpoint, RequestFeatures
+from router.core.config import AUTO_MODEL, AgentConfig, Config
+from router.core.errors import BadRequest, ModelNotAllowed, ModelNotFound
+from router.core.types import Endpoint, RequestFeatures
 
 DEFAULT_OUTPUT_TOKENS = 512  # reserved for a request that names no max_tokens
 COMPLETION_MAX_TOKENS = 16  # a completion without max_tokens: vLLM's (and OpenAI's) default

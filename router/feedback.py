@@ -15,8 +15,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from router.edge import _json, read_body
-from router.errors import BadRequest
+from router.core.errors import BadRequest
+from router.edge import _json, request_body
 from router.gateway import gateway_of
 
 MAX_FEEDBACK_BYTES = 16 * 1024
@@ -39,7 +39,8 @@ def parse_feedback(body: Any) -> tuple[str, float]:
 async def post_feedback(request: Request) -> JSONResponse:
     gw = gateway_of(request)
     agent = gw.agents.resolve(request.headers)
-    rid, score = parse_feedback(_json(await read_body(request, MAX_FEEDBACK_BYTES)))
+    body = await request_body(request.receive, request.headers.get("content-length"), MAX_FEEDBACK_BYTES)
+    rid, score = parse_feedback(_json(body))
     gw.log.write_event({"type": "feedback", "request_id": rid, "score": score, "agent": agent.name, "ts": time.time()})
     matched = gw.predictor.feedback(rid, score) if gw.predictor is not None else False
     return JSONResponse({"ok": True, "matched": matched})

@@ -12,9 +12,10 @@ from starlette.responses import JSONResponse, Response
 
 from predictor import fleetview
 from predictor.prior import worker_profiles
-from router.errors import NoHealthyWorker
+from router.core.errors import NoHealthyWorker
+from router.core.types import BackendView
 from router.gateway import Gateway, gateway_of
-from router.types import BackendView
+from router.state.base import StateInfo
 
 
 async def health(request: Request) -> JSONResponse:
@@ -44,8 +45,8 @@ async def metrics(request: Request) -> Response:
 async def fleet(request: Request) -> JSONResponse:
     gw = gateway_of(request)
     gw.agents.check_admin(request.headers)
-    state = gw.state
-    views = state.snapshot().backends
+    views = gw.state.snapshot().backends
+    state: StateInfo = gw.state  # what /fleet reports of the state itself
     predicted, source = _predictions(gw, views)
     body: dict[str, Any] = {
         "state": "degraded" if state.degraded else state.kind,

@@ -9,23 +9,21 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from starlette.requests import HTTPConnection
 
 from backends.client import WorkerClient
+from router.admission import AdmissionController
 from router.audit import audit
 from router.auth import AgentResolver
-from router.config import Config
+from router.core.config import Config
+from router.core.types import Policy
+from router.learning import PredictorRuntime
 from router.metrics import Metrics
+from router.priority import PriorityFn
 from router.requestlog import RequestLog, RequestRecord
 from router.state.base import FleetState
-from router.types import Policy
-
-if TYPE_CHECKING:
-    from predictor.runtime import PredictorRuntime
-    from router.admission import AdmissionController
-    from router.priority import PriorityFn
 
 STATE_KEY = "gateway"
 

@@ -23,9 +23,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from router.core.types import FleetSnapshot
 from router.requestlog import RequestRecord
-from router.state.base import FleetState
-from router.types import FleetSnapshot
+from router.state.base import StateInfo
 
 # up to vLLM's own e2e buckets' top (and the default timeouts.response_s, 600 s): a long answer's e2e lands in
 # a bucket, not in +Inf where a dashboard's p99 would read as the last bound
@@ -102,7 +102,7 @@ class Metrics:
         self._state_counters: tuple[Counter, Counter, Counter] | None = None  # made for a Redis state
         self._state_exported = (0, 0, 0)
 
-    def refresh_state(self, state: FleetState) -> None:
+    def refresh_state(self, state: StateInfo) -> None:
         """The fleet state's own counters (Redis round trips, outages; kept as plain ints on the hot path),
         brought up to date at scrape time, and its gauges."""
         self._state_collector.state = state
@@ -171,7 +171,7 @@ class _StateCollector(Collector):
     """The fleet state's gauges (degraded now, live replicas), read at scrape time."""
 
     def __init__(self) -> None:
-        self.state: FleetState | None = None
+        self.state: StateInfo | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         if self.state is None or self.state.kind == "memory":

@@ -14,11 +14,11 @@ import secrets
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from router.asgi import route_path
+from router.core.asgi import route_path
+from router.core.paths import COMPLETION_PATHS
 from router.gateway import gateway_in
 from router.requestlog import RequestRecord
 
-COMPLETION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 RECORD_KEY = "record"
 REQUEST_ID_KEY = "request_id"
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

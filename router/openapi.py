@@ -14,7 +14,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from router.config import Config
+from router.core import paths
+from router.core.config import Config
 from router.gateway import gateway_of
 
 _REF = "#/components/schemas/"
@@ -202,27 +203,27 @@ def openapi_document(config: Config) -> dict[str, Any]:
             "description": "OpenAI-compatible gateway in front of heterogeneous vLLM workers.",
         },
         "paths": {
-            "/v1/chat/completions": {"post": _completion_op("Chat completion", "ChatCompletionRequest")},
-            "/v1/completions": {"post": _completion_op("Text completion", "CompletionRequest")},
-            "/v1/models": {
+            paths.CHAT_COMPLETIONS: {"post": _completion_op("Chat completion", "ChatCompletionRequest")},
+            paths.COMPLETIONS: {"post": _completion_op("Text completion", "CompletionRequest")},
+            paths.MODELS: {
                 "get": _get_op(
                     "Models this caller's agent may use", _json_body("ModelList") | {"description": "ok"}, ("401",)
                 )
             },
-            "/v1/models/{model}": {
+            paths.MODELS + "/{model}": {
                 "get": _get_op("One model this caller's agent may use", json_ok, ("401", "404"))
                 | {"parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]}
             },
-            "/v1/feedback": {
+            paths.FEEDBACK: {
                 "post": {
                     "summary": "Quality feedback on an answer",
                     "requestBody": {"required": True, **_json_body("Feedback")},
                     "responses": {"200": json_ok, "400": _ERROR, "401": _ERROR, "413": _ERROR},
                 }
             },
-            "/health": {"get": _get_op("The gateway process is up", json_ok)},
-            "/ready": {"get": _get_op("At least one worker is healthy", json_ok, ("503",))},
-            "/metrics": {
+            paths.HEALTH: {"get": _get_op("The gateway process is up", json_ok)},
+            paths.READY: {"get": _get_op("At least one worker is healthy", json_ok, ("503",))},
+            paths.METRICS: {
                 "get": _get_op(
                     "Prometheus metrics",
                     {"description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}},
@@ -230,7 +231,7 @@ def openapi_document(config: Config) -> dict[str, Any]:
                     admin,
                 )
             },
-            "/fleet": {
+            paths.FLEET: {
                 "get": _get_op(
                     "Every worker's health, load and predicted latency",
                     _json_body("Fleet") | {"description": "ok"},
@@ -238,7 +239,7 @@ def openapi_document(config: Config) -> dict[str, Any]:
                     admin,
                 )
             },
-            "/openapi.json": {"get": _get_op("This document", json_ok)},
+            paths.OPENAPI: {"get": _get_op("This document", json_ok)},
         },
         "components": {
             "schemas": _SCHEMAS,
@@ -250,7 +251,7 @@ def openapi_document(config: Config) -> dict[str, Any]:
     }
     if config.uses_keys:
         doc["security"] = [{"agentKey": []}]
-        for path in ("/health", "/ready", "/metrics", "/fleet", "/openapi.json"):
+        for path in (paths.HEALTH, paths.READY, paths.METRICS, paths.FLEET, paths.OPENAPI):
             doc["paths"][path]["get"].setdefault("security", [])
     return doc
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from router.config import EnginePriorityConfig
-from router.types import RequestFeatures
+from router.core.config import EnginePriorityConfig
+from router.core.types import RequestFeatures
 
 SCALE = 1000.0  # integer steps per priority level
 

@@ -25,14 +25,14 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from backends.client import WorkerResponse
-from router.errors import (
+from router.call import ProxyCall
+from router.core.errors import (
     ClientError,
     NoHealthyWorker,
     Overloaded,
@@ -43,57 +43,20 @@ from router.errors import (
     WorkerStatusError,
     WorkerTimeout,
 )
+from router.core.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
 from router.features import prefill_tokens, reserved_tokens
 from router.gateway import Gateway
 from router.ratelimit import refund_rate_limits
-from router.requestlog import RequestRecord
 from router.sse import SSECutter
-from router.state.base import Feedback, Reservation
-from router.types import BackendView, Decision, FleetSnapshot, RequestFeatures
+from router.state.base import Feedback, FleetView, LoadLedger, Reservation
 
 PASSED_HEADERS = ("content-type", "cache-control")  # worker response headers the client sees
 WATCH_AFTER_S = 0.02  # how long a request runs before the client's disconnect is watched for
 
 
-@dataclass(slots=True)
-class ProxyCall:
-    """A request the edge has validated: where it goes, what it is, what to send."""
-
-    path: str
-    body: bytes  # the caller's bytes, sent as they are to a worker serving the model they name
-    payload: dict[str, Any]  # the same, parsed
-    features: RequestFeatures
-    request_id: str
-    record: RequestRecord
-    predicted_output: float | None = None  # the policy's predicted output tokens (reserved instead of the cap)
-    # the policy's own (uncorrected) TTFT and decode-time-per-token predictions, seconds, for its first
-    # choice: what that worker's timings are compared with (the views' ttft_bias / tpot_bias)
-    predicted_timing: tuple[str, float | None, float | None] | None = None
-    sent_at: float = 0.0  # perf_counter() when the current attempt was sent to its worker
-    degraded: str | None = None  # what admission control degraded (X-Chimera-Degraded), e.g. "max_tokens=256"
-    _bodies: dict[str, bytes] = field(default_factory=dict)
-
-    def set_payload(self, payload: dict[str, Any]) -> None:
-        """Forward ``payload`` instead of the caller's body (admission control's degradation)."""
-        self.payload, self.body = payload, json.dumps(payload, separators=(",", ":")).encode()
-        self._bodies.clear()
-
-    def body_for(self, model: str, priority: int | None = None) -> bytes:
-        """The body for a worker serving ``model``: the original bytes where the caller named that
-        model; with ``model`` put in where it named ``auto`` or its agent (every other field kept), and
-        ``priority`` where one is given (a worker that schedules by priority: ``router.priority``)."""
-        if priority is not None:
-            return json.dumps({**self.payload, "model": model, "priority": priority}, separators=(",", ":")).encode()
-        if self.payload.get("model") == model:
-            return self.body
-        if model not in self._bodies:
-            self._bodies[model] = json.dumps({**self.payload, "model": model}, separators=(",", ":")).encode()
-        return self._bodies[model]
-
-
-def choose(gw: Gateway, features: RequestFeatures) -> tuple[Decision, FleetSnapshot]:
+def choose(view: FleetView, policy: Policy, features: RequestFeatures) -> tuple[Decision, FleetSnapshot]:
     """The policy's ranking among eligible workers. Raises NoHealthyWorker."""
-    snapshot = gw.state.snapshot()
+    snapshot = view.snapshot()
     eligible = snapshot.eligible(features)
     if not eligible.backends:
         # The prompt estimate is rough: where it exceeds every healthy worker's context, let a
@@ -102,7 +65,7 @@ def choose(gw: Gateway, features: RequestFeatures) -> tuple[Decision, FleetSnaps
         if not healthy:
             raise NoHealthyWorker(f"no healthy worker serves {', '.join(features.models)}")
         eligible = FleetSnapshot(healthy, snapshot.taken_at)
-    decision = gw.policy(features, eligible)
+    decision = policy(features, eligible)
     return decision, eligible
 
 
@@ -112,6 +75,7 @@ class ProxyResponse:
     def __init__(self, gw: Gateway, call: ProxyCall) -> None:
         self.gw = gw
         self.call = call
+        self.load: LoadLedger = gw.state  # what the proxy writes to the fleet state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if await run_until_disconnect(lambda tracked: self._serve(scope, receive, tracked), receive, send):
@@ -128,7 +92,7 @@ class ProxyResponse:
                 await refund_rate_limits(gw, call.features)
                 raise
         else:
-            decision, eligible = choose(gw, call.features)
+            decision, eligible = choose(gw.state, gw.policy, call.features)
         rec.policy, rec.reason = gw.policy_name, decision.reason
         rec.predicted = dict(decision.predicted) or None
         p = decision.predicted
@@ -148,7 +112,7 @@ class ProxyResponse:
             except WorkerError as exc:
                 last = exc
                 gw.metrics.worker_failed(name, type(exc).__name__)
-                await gw.state.record_result(name, False)
+                await self.load.record_result(name, False)
         assert last is not None
         rec.outcome, rec.error = "worker_error", type(last).__name__
         err = _client_error(last)
@@ -165,7 +129,7 @@ class ProxyResponse:
             headers["authorization"] = "Bearer " + backend.api_key
         # a streamed request's uncached prompt is the worker's prefill backlog until its first token shows
         reserved, prefill = reserved_tokens(call.features, call.predicted_output), prefill_tokens(call.features, name)
-        reservation = await gw.state.reserve(name, reserved, prefill)
+        reservation = await self.load.reserve(name, reserved, prefill)
         try:
             call.sent_at = time.perf_counter()
             priority, by_priority = None, gw.engine_priority
@@ -187,7 +151,7 @@ class ProxyResponse:
                 await opened.aclose()
         finally:
             try:
-                await gw.state.release(reservation)  # completes its bookkeeping even when this task is cancelled
+                await self.load.release(reservation)  # completes its bookkeeping even when this task is cancelled
             finally:
                 if gw.admission is not None:  # freed capacity: let a queued request in (cancelled or not)
                     gw.admission.wake()
@@ -204,7 +168,7 @@ class ProxyResponse:
 
     async def _send_whole(self, opened: WorkerResponse, send: Send) -> None:
         """A non-streamed answer, or a 4xx: read it all (a failure is still retryable), then send."""
-        gw, rec = self.gw, self.call.record
+        rec = self.call.record
         body = await opened.read_rest()
         if opened.status_code < 400:
             usage = _usage_of(body, opened.backend)
@@ -212,7 +176,7 @@ class ProxyResponse:
             rec.completion_tokens = _int(usage.get("completion_tokens"))
             rec.completion_tokens_exact = rec.completion_tokens is not None
             rec.outcome = "ok"
-        await gw.state.record_result(opened.backend, True)
+        await self.load.record_result(opened.backend, True)
         headers = [(k.encode(), v.encode()) for k, v in self._headers(opened.backend, opened).items()]
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": opened.status_code, "headers": headers})
@@ -247,7 +211,7 @@ class ProxyResponse:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                     if rec.ttft_s is None and cutter.content_events(opening_event=opening):
                         rec.ttft_s = time.perf_counter() - rec.started
-                        gw.state.first_token(reservation)
+                        self.load.first_token(reservation)
                 chunk = await opened.next_chunk()
             else:
                 out = cutter.finish()
@@ -258,7 +222,7 @@ class ProxyResponse:
             # Too late to retry: the client has part of the answer. Close with an error event.
             rec.outcome, rec.error = "worker_error", type(exc).__name__
             gw.metrics.worker_failed(opened.backend, type(exc).__name__)
-            await gw.state.record_result(opened.backend, False)
+            await self.load.record_result(opened.backend, False)
             event = b"data: " + json.dumps(_client_error(exc).envelope()).encode() + b"\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": False})
             return
@@ -272,7 +236,7 @@ class ProxyResponse:
         if rec.completion_tokens is None:
             rec.completion_tokens = cutter.content_events(opening_event=self.call.features.endpoint == "chat")
         rec.outcome = "ok"
-        await gw.state.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s,
+        await self.load.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s,
                                      feedback=self._feedback(opened.backend))  # fmt: skip
 
     def _feedback(self, backend: str) -> Feedback | None:

@@ -1,6 +1,6 @@
 """Per-agent rate limits (``rpm``, ``tpm`` in the agent's config) as token buckets.
 
-The buckets live in the FleetState (``take_tokens``): in this process for ``memory``, in Redis for
+The buckets live in the fleet state (its :class:`RateBuckets`): in this process for ``memory``, in Redis for
 every replica at once (one Lua call per request). A request costs one request and its reserved
 tokens — the prompt estimate plus ``max_tokens`` (or the default reservation), as OpenAI counts
 ``max_tokens`` against a token limit. Over the limit: 429 with the seconds until the buckets hold
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 
-from router.config import AgentConfig
-from router.errors import Overloaded
+from router.core.config import AgentConfig
+from router.core.errors import Overloaded
+from router.core.types import RequestFeatures
 from router.features import reserved_tokens
 from router.gateway import Gateway
 from router.requestlog import RequestRecord
-from router.types import RequestFeatures
+from router.state.base import RateBuckets
 
 
 async def enforce_rate_limits(
@@ -27,7 +28,7 @@ async def enforce_rate_limits(
     """Take this request from the agent's buckets, or raise Overloaded."""
     if agent.rpm is None and agent.tpm is None:
         return
-    wait = await gw.state.take_tokens(agent.name, 1, reserved_tokens(features), agent.rpm, agent.tpm)
+    wait = await _take(gw.state, agent, features, 1)
     if wait <= 0:
         return
     gw.metrics.rejections.labels(agent.name, "rate_limit").inc()
@@ -43,4 +44,9 @@ async def refund_rate_limits(gw: Gateway, features: RequestFeatures) -> None:
     agent = gw.config.agent(features.agent)
     if agent is None or (agent.rpm is None and agent.tpm is None):
         return
-    await gw.state.take_tokens(agent.name, -1, -reserved_tokens(features), agent.rpm, agent.tpm)
+    await _take(gw.state, agent, features, -1)
+
+
+async def _take(buckets: RateBuckets, agent: AgentConfig, features: RequestFeatures, sign: int) -> float:
+    """Take (``sign`` 1) or give back (-1) one request and its reserved tokens; the seconds to wait, or 0."""
+    return await buckets.take_tokens(agent.name, sign, sign * reserved_tokens(features), agent.rpm, agent.tpm)

@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import orjson
 
-from router.errors import ChimeraError
+from router.core.errors import ChimeraError
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,11 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
+from backends.listen import check_free, listen, where
 from backends.sim.api import PID_HEADER
-from router.config import BackendConfig, Config, load_config
-from router.errors import ChimeraError, ConfigError
-from router.listen import check_free, listen, where
+from router.core import paths
+from router.core.config import BackendConfig, Config, load_config
+from router.core.errors import ArtifactError, ChimeraError, ConfigError
 from router.logqueue import BatchedLogQueue
 from router.metrics import MULTIPROC_ENV
 from router.requestlog import check_writable
@@ -147,7 +148,7 @@ def _wait_healthy(b: BackendConfig, p: subprocess.Popen[bytes], deadline: float)
             err = (p.stderr.read() if p.stderr else b"").decode(errors="replace").strip().splitlines()
             raise ChimeraError(f"simulated worker {b.name} exited: {err[-1] if err else p.returncode}")
         try:
-            r = httpx.get(b.url + "/health", timeout=1.0)
+            r = httpx.get(b.url + paths.WORKER_HEALTH, timeout=1.0)
             if r.status_code == 200 and r.headers.get(PID_HEADER) == str(p.pid):
                 return
             foreign = r.status_code == 200
@@ -237,10 +238,17 @@ def _serve(cfg: Config, *, config_path: str, host: str | None, port: int | None,
             sock.close()
 
 
-def preflight(cfg: Config, config_path: str, *, request_log: bool = True) -> None:
+def preflight(cfg: Config, config_path: str, *, request_log: bool = True, warn: bool = True) -> None:
     """What the gateway's start-up would fail on, checked before anything starts: the request log opens
     (ChimeraError; ``request_log=False``: a caller that logs elsewhere) and ``gateway.predictor.model``
-    loads (ConfigError naming the key, exit 2)."""
+    loads (ConfigError naming the key, exit 2); ``gateway.policy`` is a registered policy. Logs a warning
+    for every option that does nothing where it stands (router.checks)."""
+    from router.checks import inert_options
+    from router.policies import check_policy
+
+    check_policy(cfg)
+    for line in inert_options(cfg) if warn else ():  # warn=False: the bench, which swaps the policy per run
+        log.warning("%s", line)
     if request_log:
         check_writable(cfg.gateway.request_log)
     pc = cfg.gateway.predictor
@@ -249,7 +257,7 @@ def preflight(cfg: Config, config_path: str, *, request_log: bool = True) -> Non
 
         try:
             artifact.load(pc.model)
-        except artifact.ArtifactError as exc:
+        except ArtifactError as exc:
             raise ConfigError(str(exc), file=config_path, key="gateway.predictor.model") from None
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import uvicorn
 
-from router.bench import gateway_proc
-from router.config import Config
+from chimera_bench import gateway_proc
+from router.core.config import Config
 
 
 def interrupt(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:
@@ -27,12 +27,6 @@ def interrupt(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:
     SIGINT, not SIGTERM: uvicorn re-raises the signal it caught after its graceful shutdown, and a
     re-raised SIGTERM ends `chimera serve` before it stops its simulated workers."""
     gateway_proc.stop(proc, timeout_s, signal.SIGINT)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServerThread:

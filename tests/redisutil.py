@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.conftest import free_port
+from backends.listen import free_port
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +14,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.bench.gateway_proc import wait_ready
+from backends.listen import free_port, wait_ready
+from router.core.errors import ChimeraError
 from tests.conftest import interrupt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,12 +26,6 @@ def _chimera(*args: str, env: dict[str, str] | None = None, timeout: float = 30)
         [sys.executable, "-m", "router.cli", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
     )  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_check_quickstart_prints_the_fleet() -> None:
@@ -110,13 +103,13 @@ def test_check_missing_env_var_names_the_variable(tmp_path: Path) -> None:
 def test_bad_arguments_exit_2() -> None:
     assert _chimera("serve").returncode == 2
     assert _chimera("sim", "--port", "notaport").returncode == 2
-    proc = _chimera("sim", "--port", str(_free_port()), "--profile", "no-such-profile")
+    proc = _chimera("sim", "--port", str(free_port()), "--profile", "no-such-profile")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
 
 @pytest.fixture
 def served_gateway(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str], list[int]]]:
-    gw, s1, s2 = _free_port(), _free_port(), _free_port()
+    gw, s1, s2 = free_port(), free_port(), free_port()
     cfg = tmp_path / "serve.yaml"
     cfg.write_text(
         f"""
@@ -135,18 +128,11 @@ agents:
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{gw}"
-    deadline = time.monotonic() + 40
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(base + "/ready", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        time.sleep(0.2)
-    else:
+    try:
+        wait_ready(base + "/ready", 40, proc=proc)
+    except ChimeraError as exc:
         proc.kill()
-        pytest.fail("gateway did not become ready")
+        pytest.fail(f"{exc}: {proc.communicate()[0]}")
     try:
         yield base, proc, [s1, s2]
     finally:
@@ -184,8 +170,8 @@ def test_serve_with_two_processes_audits_and_counts_every_request(tmp_path: Path
     """`--workers 2`: each gateway process is spawned afresh and must set up its own logging, or its
     audit lines are dropped (its root logger stays at WARNING); and /metrics counts both processes'
     requests whichever one answers it (else a counter would jump back and forth between scrapes)."""
-    worker, gw = _free_port(), _free_port()
-    fast = subprocess.Popen([sys.executable, "-m", "router.bench.fastworker", "--port", str(worker), "--model", "m"],
+    worker, gw = free_port(), free_port()
+    fast = subprocess.Popen([sys.executable, "-m", "chimera_bench.fastworker", "--port", str(worker), "--model", "m"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     cfg = tmp_path / "two.yaml"
     cfg.write_text(
@@ -197,7 +183,7 @@ def test_serve_with_two_processes_audits_and_counts_every_request(tmp_path: Path
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{gw}/v1", api_key="unused", max_retries=0)
-        wait_ready(f"http://127.0.0.1:{gw}", proc, timeout_s=40, path="/health")
+        wait_ready(f"http://127.0.0.1:{gw}/health", 40, proc=proc)
         for _ in range(6):
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

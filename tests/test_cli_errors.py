@@ -16,12 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
+from backends.listen import free_port, wait_ready
 from backends.sim.api import PID_HEADER as SIM_PID_HEADER
 from router.cli import _build_parser, main, sim_workers
-from router.config import BackendConfig
-from router.errors import ChimeraError
+from router.core.config import BackendConfig
+from router.core.errors import ChimeraError
 from router.serve import _wait_healthy, sim_command, sim_groups
-from tests.conftest import free_port, interrupt, make_config, serve_asgi
+from tests.conftest import interrupt, make_config, serve_asgi
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -241,13 +242,7 @@ def test_serve_sims_enforce_the_configs_max_model_len(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 40
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{gw}/ready", timeout=1).status_code == 200:
-                    break
-            assert proc.poll() is None and time.monotonic() < deadline, "gateway did not become ready"
-            time.sleep(0.2)
+        wait_ready(f"http://127.0.0.1:{gw}/ready", 40, proc=proc)
         for port, limit in ((a, 1024), (b, 2048)):
             url = f"http://127.0.0.1:{port}"
             assert httpx.get(url + "/v1/models").json()["data"][0]["max_model_len"] == limit

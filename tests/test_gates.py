@@ -22,7 +22,7 @@ def test_ruff_clean() -> None:
 @pytest.mark.slow
 def test_mypy_strict_on_packages() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "router", "backends", "predictor"],
+        [sys.executable, "-m", "mypy", "router", "backends", "predictor", "chimera_bench"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:]

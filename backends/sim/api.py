@@ -16,26 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.sim.textgen import VOCAB, WORDS_TOKENIZER, Tokenizer, chat_text
+from router.core.errors import SimApiError
 
 WORDS = [w.encode() for w in VOCAB]
 SPACED_WORDS = [b" " + w for w in WORDS]
-
-
-class ApiError(Exception):
-    """Answered as OpenAI's error envelope with ``status``."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-    def body(self) -> bytes:
-        kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed"}.get(
-            self.status, "InternalServerError"
-        )
-        err = {"message": self.message, "type": kind, "param": self.param, "code": self.status}
-        return json.dumps({"error": err}).encode()
 
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -79,34 +63,34 @@ def parse_completion(
     try:
         req = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"Invalid JSON body: {exc}") from exc
+        raise SimApiError(400, f"Invalid JSON body: {exc}") from exc
     if not isinstance(req, dict):
-        raise ApiError(400, "The request body must be a JSON object")
+        raise SimApiError(400, "The request body must be a JSON object")
     model = req.get("model") or served_model  # absent, null or "": the served model, as vLLM takes it
     if model != served_model:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+        raise SimApiError(404, f"The model `{model}` does not exist.", "model")
     if chat:
         messages = req.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "'messages' must be a non-empty list", "messages")
+            raise SimApiError(400, "'messages' must be a non-empty list", "messages")
         try:
             text = chat_text(messages)
         except ValueError as exc:
-            raise ApiError(400, str(exc), "messages") from exc
+            raise SimApiError(400, str(exc), "messages") from exc
         ids = tokenizer.encode_chat(text)
         batch = [(text, ids)]
     else:
         batch = _prompts(req.get("prompt"), tokenizer)
         text, ids = batch[0]
     if not all(b[1] for b in batch):
-        raise ApiError(400, "The prompt cannot be empty", "prompt")
+        raise SimApiError(400, "The prompt cannot be empty", "prompt")
     n = _opt_int(req, "n", 1)
     if n is None or n < 1:
-        raise ApiError(400, f"n must be at least 1, got {n}.", "n")
+        raise SimApiError(400, f"n must be at least 1, got {n}.", "n")
     stream = _bool(req, "stream")
     options = req.get("stream_options")
     if options is not None and not stream:
-        raise ApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+        raise SimApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     # as vLLM reads them: chat's max_completion_tokens wins over max_tokens; a completion without either
     # stops at 16 tokens (CompletionRequest's default, OpenAI's too), a chat answer at the context's end
@@ -118,25 +102,25 @@ def parse_completion(
         max_tokens = max_model_len - prompt_len
     if max_tokens < 1:
         if prompt_len >= max_model_len:
-            raise ApiError(400, _too_long(max_model_len, prompt_len, max_tokens, chat), "messages")
-        raise ApiError(400, "max_tokens must be at least 1", "max_tokens")
+            raise SimApiError(400, _too_long(max_model_len, prompt_len, max_tokens, chat), "messages")
+        raise SimApiError(400, "max_tokens must be at least 1", "max_tokens")
     if prompt_len + max_tokens > max_model_len:
-        raise ApiError(400, _too_long(max_model_len, prompt_len, max_tokens, chat), "max_tokens")
+        raise SimApiError(400, _too_long(max_model_len, prompt_len, max_tokens, chat), "max_tokens")
     min_tokens = _opt_int(req, "min_tokens", 0) or 0
     if min_tokens < 0 or min_tokens > max_tokens:
-        raise ApiError(400, "min_tokens must be between 0 and max_tokens", "min_tokens")
+        raise SimApiError(400, "min_tokens must be between 0 and max_tokens", "min_tokens")
     priority = _opt_int(req, "priority", 0) or 0  # vLLM 0.26 takes it under either policy (fcfs ignores it)
     sim = req.get("sim") or {}
     if not isinstance(sim, dict):
-        raise ApiError(400, "'sim' must be an object", "sim")
+        raise SimApiError(400, "'sim' must be an object", "sim")
     output_tokens = _opt_int(sim, "output_tokens", None, "sim.")
     if output_tokens is not None and output_tokens < 1:
-        raise ApiError(400, "sim.output_tokens must be at least 1", "sim.output_tokens")
+        raise SimApiError(400, "sim.output_tokens must be at least 1", "sim.output_tokens")
     difficulty = sim.get("difficulty")
     if difficulty is not None and (
         isinstance(difficulty, bool) or not isinstance(difficulty, int | float) or not 0 <= difficulty <= 1
     ):
-        raise ApiError(400, "sim.difficulty must be a number in [0, 1]", "sim.difficulty")
+        raise SimApiError(400, "sim.difficulty must be a number in [0, 1]", "sim.difficulty")
     return Completion(
         chat=chat,
         stream=stream,
@@ -167,7 +151,7 @@ def _random_sampling(temperature: Any) -> bool:
     if temperature is None:
         return True
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
-        raise ApiError(400, "temperature must be a non-negative number", "temperature")
+        raise SimApiError(400, "temperature must be a non-negative number", "temperature")
     return temperature >= SAMPLING_EPS
 
 
@@ -182,7 +166,7 @@ def _prompts(prompt: Any, tokenizer: Tokenizer) -> list[tuple[str, list[int]]]:
             return [(p, tokenizer.encode(p)) for p in prompt]
         if all(isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt):
             return [(" ".join(map(str, p)), list(p)) for p in prompt]
-    raise ApiError(400, "'prompt' must be a string, a list of token ids, or a list of either", "prompt")
+    raise SimApiError(400, "'prompt' must be a string, a list of token ids, or a list of either", "prompt")
 
 
 def _too_long(max_model_len: int, prompt_len: int, max_tokens: int, chat: bool) -> str:
@@ -199,7 +183,7 @@ def _opt_int(obj: dict[str, Any], key: str, default: int | None, prefix: str = "
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, f"'{prefix}{key}' must be an integer", prefix + key)
+        raise SimApiError(400, f"'{prefix}{key}' must be an integer", prefix + key)
     return value
 
 
@@ -208,7 +192,7 @@ def _bool(obj: dict[str, Any], key: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise ApiError(400, f"'{key}' must be a boolean", key)
+        raise SimApiError(400, f"'{key}' must be a boolean", key)
     return value
 
 
@@ -325,5 +309,5 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
-def sse_error(err: ApiError) -> bytes:
+def sse_error(err: SimApiError) -> bytes:
     return b"data: " + err.body() + b"\n\n"

@@ -12,18 +12,14 @@ chunk (chat) and its tokens come as they are generated, choices interleaved; the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Callable
 
-from backends.asgi import respond
 from backends.sim import api
 from backends.sim.api import JSON_HEADERS, SSE_HEADERS, ChunkWriter, Completion
 from backends.sim.engine import Engine, Request, Status
 from backends.sim.textgen import VOCAB
+from router.core.asgi import Receive, Send, respond
 
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 MakeRequest = Callable[[str, str, list[int]], Request]  # (request id, draw key, prompt ids) -> a request
 
 

@@ -22,11 +22,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
+from backends.sim.hist import ITL_BUCKETS, LAG_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS, Hist
 from backends.sim.kvcache import KVCache
-from backends.sim.metrics import ITL_BUCKETS, LAG_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS, Hist
-from backends.sim.profile import Profile, ProfileError, eager_step, stream_delay
 from backends.sim.textgen import MARKER_INDEX, VOCAB_IDS, Answer, word_index
 from backends.sim.waiting import PriorityQueue, make_queue
+from router.core.errors import ProfileError
+from router.core.profile import Profile, eager_step, stream_delay
 
 
 class Status(Enum):

@@ -35,7 +35,7 @@ from backends.sim.engine import Batch, Engine
 #: and 8) of two boots' co-location probes, ``scripts/calibrate/data/colocate-h200.json`` (2026-11-29) and
 #: ``colocate-boot6.json`` (2026-12-01), vLLM 0.26.0: ``python scripts/calibrate/colocate.py predict
 #: scripts/calibrate/data/colocate-h200.json scripts/calibrate/data/colocate-boot6.json --profiles
-#: backends/sim/profiles --fit`` (1.562 / 0.604 ms; docs/CALIBRATION.md "The switch cost refitted").
+#: router/core/profiles --fit`` (1.562 / 0.604 ms; docs/CALIBRATION.md "The switch cost refitted").
 TIMESLICE_S = 0.00156
 SWITCH_S = 0.0006
 

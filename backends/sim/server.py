@@ -15,30 +15,26 @@ import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from backends.asgi import read_body, respond
+from backends.listen import listen
 from backends.sim import api
-from backends.sim.api import JSON_HEADERS, SSE_HEADERS, ApiError, ChunkWriter, Completion
+from backends.sim.api import JSON_HEADERS, SSE_HEADERS, ChunkWriter, Completion
 from backends.sim.choices import abort_on_disconnect, complete_many
 from backends.sim.engine import Engine, Request, Status
 from backends.sim.gpu import SharedGPU
 from backends.sim.metrics import exposition, make_registry
-from backends.sim.profile import Profile, ProfileError, load_profile, positive_int
-from backends.sim.textgen import VOCAB, draw_answer
+from backends.sim.textgen import VOCAB, draw_answer, tokenizer_for
 from backends.sim.waiting import make_queue
-from router.listen import listen
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from router.core import paths
+from router.core.asgi import ASGIApp, Receive, Scope, Send, read_body, respond
+from router.core.errors import ProfileError, SimApiError
+from router.core.profile import Profile, load_profile, positive_int
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +42,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SimSettings:
     model: str | None = None  # served model name; default = profile's "model"
-    profile: str = "h200-qwen2.5-1.5b"  # name of a JSON in backends/sim/profiles, or a path to one
+    profile: str = "h200-qwen2.5-1.5b"  # name of a JSON in router/core/profiles, or a path to one
     kv_tokens: int | None = None  # override of the profile's kv_budget_tokens
     speedup: float = 1.0  # >1 faster than real time, <1 slower
     seed: int = 0
@@ -103,6 +99,7 @@ class SimApp:
         self.runs_engine = runs_engine
         self.profile, self.engine = build_engine(settings)
         self.model = settings.model or self.profile.model
+        self.tokenizer = tokenizer_for(self.profile.tokenizer)
         # vLLM refuses to start when max_model_len does not fit the KV cache; the sim caps it instead.
         self.max_model_len = min(settings.max_model_len or self.profile.max_model_len, self.engine.capacity_tokens)
         self.registry = make_registry(self.engine, self.model)
@@ -122,29 +119,31 @@ class SimApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         try:
-            if path in ("/v1/completions", "/v1/chat/completions"):
+            if path in paths.COMPLETION_PATHS:
                 if method != "POST":
-                    raise ApiError(405, "Method Not Allowed")
+                    raise SimApiError(405, "Method Not Allowed")
                 body = await _read_body(receive)
                 rid = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), None)
                 req = api.parse_completion(
-                    body, path.endswith("chat/completions"), self.model, self.max_model_len, self.profile.tokenizer,
+                    body, path.endswith("chat/completions"), self.model, self.max_model_len, self.tokenizer,
                     rid,
                 )  # fmt: skip
                 await self._complete(req, receive, send)
             elif method != "GET":
-                raise ApiError(405 if path in ("/health", "/v1/models", "/metrics") else 404, "Method Not Allowed")
-            elif path == "/health":
+                raise SimApiError(
+                    405 if path in (paths.HEALTH, paths.MODELS, paths.METRICS) else 404, "Method Not Allowed"
+                )
+            elif path == paths.HEALTH:
                 await respond(send, 200, b"", self._health_headers)
-            elif path == "/metrics":
+            elif path == paths.METRICS:
                 await respond(send, 200, exposition(self.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())])
-            elif path == "/v1/models":
+            elif path == paths.MODELS:
                 await respond(send, 200, self._models(), JSON_HEADERS)
             elif path == "/version":
                 await respond(send, 200, b'{"version":"0.26.0+sim"}', JSON_HEADERS)
             else:
-                raise ApiError(404, "Not Found")
-        except ApiError as err:
+                raise SimApiError(404, "Not Found")
+        except SimApiError as err:
             await respond(send, err.status, err.body(), JSON_HEADERS)
 
     def _models(self) -> bytes:
@@ -253,7 +252,7 @@ def _report_engine_death(task: asyncio.Task[None]) -> None:
 async def _read_body(receive: Receive) -> bytes:
     body = await read_body(receive)
     if body is None:
-        raise ApiError(400, "client disconnected")
+        raise SimApiError(400, "client disconnected")
     return body
 
 
@@ -277,7 +276,7 @@ class SharedGPUApp:
         app = self.apps.get(server[1]) if server else None
         if app is None:
             if scope["type"] == "http":
-                await respond(send, 404, ApiError(404, "Not Found").body(), JSON_HEADERS)
+                await respond(send, 404, SimApiError(404, "Not Found").body(), JSON_HEADERS)
             return
         await app(scope, receive, send)
 
@@ -300,7 +299,7 @@ def serve(settings: SimSettings, host: str, port: int, *, also: Sequence[tuple[S
 
     ``also``: more workers ``(settings, host, port)`` on the same GPU as this one, served by this
     process on one shared GPU clock (:mod:`backends.sim.gpu`). Bad settings raise
-    :class:`ProfileError`, a port that cannot be listened on :class:`~router.errors.ChimeraError`,
+    :class:`ProfileError`, a port that cannot be listened on :class:`~router.core.errors.ChimeraError`,
     both before anything is served.
     """
     workers = [(settings, host, port), *also]

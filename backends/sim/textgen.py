@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from router.core.profile import TokenizerSpec
+
 VOCAB_SIZE = 4096  # a power of two: word index k * ODD_STRIDE mod VOCAB_SIZE visits every word
 _STRIDE = 2654435761
 CORRECT, WRONG = "[correct]", "[wrong]"
@@ -37,7 +39,6 @@ def tokenize(text: str) -> list[int]:
     return [crc(w.encode()) for w in text.split()]
 
 
-TOKENIZER_KINDS = ("words", "wordlevel")
 UNK_ID = 0
 _OWN_WORD_IDS = dict(zip(VOCAB[:VOCAB_SIZE], VOCAB_IDS[:VOCAB_SIZE], strict=True))
 
@@ -72,6 +73,11 @@ class Tokenizer:
 
 
 WORDS_TOKENIZER = Tokenizer()  # the default (frozen)
+
+
+def tokenizer_for(spec: TokenizerSpec) -> Tokenizer:
+    """The tokenizer a profile's ``tokenizer`` section names."""
+    return WORDS_TOKENIZER if spec == TokenizerSpec() else Tokenizer(spec.kind, spec.vocab_size)
 
 
 def _wordlevel_id(word: str, vocab_size: int) -> int:

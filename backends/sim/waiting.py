@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
-from backends.sim.profile import ProfileError
+from router.core.errors import ProfileError
 
 POLICIES = ("fcfs", "priority")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from router.config import PolicyOptions
-from router.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
+from router.core.config import PolicyOptions
+from router.core.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
 
 
 def _ranked(backends: tuple[BackendView, ...] | list[BackendView], reason: str) -> Decision:

@@ -44,8 +44,8 @@ import numpy as np
 from predictor.boosting import Array
 from predictor.model import ModelSlot, Prediction, PriorPredictor, with_feedback
 from predictor.prior import WorkerProfile, profiles_by_model
-from router.config import PolicyOptions
-from router.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
+from router.core.config import PolicyOptions
+from router.core.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
 
 MAX_STAGE = 16  # wrong_answer_stage_s counts at most this many stages (a runaway loop's cost stays bounded)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from router.config import Config
-from router.errors import ConfigError
+from router.core.config import Config
+from router.core.errors import ConfigError
+from router.core.stateurl import redis_options
 from router.state.base import FleetState, Reservation, ScrapedMetrics
 from router.state.memory import MemoryFleetState
-from router.state.options import redis_options
 
 __all__ = ["FleetState", "MemoryFleetState", "Reservation", "ScrapedMetrics", "available", "create_state"]
 

@@ -2,6 +2,11 @@
 
 Reads are synchronous and local (``snapshot()`` is on the hot path and must not do I/O);
 writes are async so a shared implementation (Redis) can make them one round trip each.
+
+``FleetState`` composes small protocols, one per kind of consumer, so each depends only on what it
+uses: :class:`FleetView` (admission, routing), :class:`LoadLedger` (the proxy), :class:`ProbeSink`
+(the prober), :class:`RateBuckets` (rate limits), :class:`PrefixGossip` (the predictor's runtime),
+:class:`StateInfo` (``/fleet``, ``/metrics``) and :class:`Lifecycle` (the app's lifespan).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from router.types import FleetSnapshot
+from router.core.types import FleetSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,37 +69,24 @@ class StateStats:
     degraded_events: int = 0  # times the state lost its store and fell back to its local view
 
 
-class FleetState(Protocol):
-    """Implemented by ``router.state.memory.MemoryFleetState`` (and a Redis one)."""
-
-    kind: str  # "memory" | "redis"; /fleet reports "degraded" when ``degraded`` is true
-
-    @property
-    def degraded(self) -> bool: ...
+class Lifecycle(Protocol):
+    """Connecting to the store and letting go of it, around the app's lifespan."""
 
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
 
+
+class FleetView(Protocol):
+    """The hot-path read of every worker's load and health (admission, routing, ``/ready``)."""
+
     def snapshot(self) -> FleetSnapshot:
         """The current view of every configured worker (no I/O)."""
         ...
 
-    def any_probe_ok(self) -> bool:
-        """Whether any worker has ever answered a probe (``/ready``: workers start optimistically
-        healthy, so ``healthy`` alone cannot tell a fresh gateway from a working one)."""
-        ...
 
-    def replicas(self) -> tuple[ReplicaLoad, ...]:
-        """Every live gateway replica's load (empty where the state is not shared)."""
-        ...
-
-    def stats(self) -> StateStats: ...
-
-    async def should_probe(self, backend: str) -> bool:
-        """Whether this gateway probes ``backend`` this round (a shared state elects one replica per
-        worker, so N replicas do not multiply the probe load on it; the others read its results)."""
-        ...
+class LoadLedger(Protocol):
+    """A dispatch's writes: load claimed and given back on a worker, and how it answered (the proxy)."""
 
     async def reserve(self, backend: str, tokens: int, prefill: int = 0) -> Reservation:
         """Claim one in-flight request and ``tokens`` KV tokens on ``backend``; ``prefill``: the prompt
@@ -113,16 +105,6 @@ class FleetState(Protocol):
         request would be paid by every request, not only by the cancelled ones."""
         ...
 
-    async def take_tokens(self, agent: str, requests: int, tokens: int, rpm: int | None, tpm: int | None) -> float:
-        """Rate limits: take ``requests`` and ``tokens`` from the agent's per-minute buckets (shared
-        by every replica where the state is), or neither; 0 when taken, else the seconds until they
-        would be (the Retry-After). ``None`` limits are unlimited."""
-        ...
-
-    async def record_probe(self, backend: str, ok: bool, metrics: ScrapedMetrics | None) -> None:
-        """Active health: a probe's outcome; ``metrics`` when /metrics was scraped."""
-        ...
-
     async def record_result(
         self,
         backend: str,
@@ -136,6 +118,33 @@ class FleetState(Protocol):
         how they compare with what the policy predicted for them where it did (``feedback``)."""
         ...
 
+
+class ProbeSink(Protocol):
+    """Active health: which worker this gateway probes this round, and what each probe saw (the prober)."""
+
+    async def should_probe(self, backend: str) -> bool:
+        """Whether this gateway probes ``backend`` this round (a shared state elects one replica per
+        worker, so N replicas do not multiply the probe load on it; the others read its results)."""
+        ...
+
+    async def record_probe(self, backend: str, ok: bool, metrics: ScrapedMetrics | None) -> None:
+        """Active health: a probe's outcome; ``metrics`` when /metrics was scraped."""
+        ...
+
+
+class RateBuckets(Protocol):
+    """Per-agent rate-limit buckets, shared by every replica where the state is (``router.ratelimit``)."""
+
+    async def take_tokens(self, agent: str, requests: int, tokens: int, rpm: int | None, tpm: int | None) -> float:
+        """Rate limits: take ``requests`` and ``tokens`` from the agent's per-minute buckets (shared
+        by every replica where the state is), or neither; 0 when taken, else the seconds until they
+        would be (the Retry-After). ``None`` limits are unlimited."""
+        ...
+
+
+class PrefixGossip(Protocol):
+    """Prefix-index news passed between gateways (the predictor's runtime, ``router.learning``)."""
+
     def share_prefix(self, hashes: Sequence[int], backend: str) -> None:
         """Tell the other gateways that ``backend`` was just sent a prompt with these leading block
         hashes (what the predictor's prefix index learnt). No I/O: a shared state sends them with
@@ -146,3 +155,27 @@ class FleetState(Protocol):
         """Have ``apply(hashes, backend)`` called (on the event loop) for each prefix another gateway
         shares from now on."""
         ...
+
+
+class StateInfo(Protocol):
+    """The state's own condition: its kind, outages, replicas and traffic (``/fleet``, ``/metrics``)."""
+
+    kind: str  # "memory" | "redis"; /fleet reports "degraded" when ``degraded`` is true
+
+    @property
+    def degraded(self) -> bool: ...
+
+    def replicas(self) -> tuple[ReplicaLoad, ...]:
+        """Every live gateway replica's load (empty where the state is not shared)."""
+        ...
+
+    def stats(self) -> StateStats: ...
+
+    def any_probe_ok(self) -> bool:
+        """Whether any worker has ever answered a probe (``/ready``: workers start optimistically
+        healthy, so ``healthy`` alone cannot tell a fresh gateway from a working one)."""
+        ...
+
+
+class FleetState(Lifecycle, FleetView, LoadLedger, ProbeSink, RateBuckets, PrefixGossip, StateInfo, Protocol):
+    """All of them: what ``MemoryFleetState`` and ``RedisFleetState`` implement and ``create_state`` returns."""

@@ -12,11 +12,11 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from router.config import BackendConfig, HealthConfig
+from router.core.config import BackendConfig, HealthConfig
+from router.core.types import FleetSnapshot
 from router.state.base import Feedback, ReplicaLoad, Reservation, ScrapedMetrics, StateStats
 from router.state.buckets import TokenBuckets
 from router.state.table import AGE_RESOLUTION_S, EWMA_ALPHA, FleetTable
-from router.types import FleetSnapshot
 
 __all__ = ["AGE_RESOLUTION_S", "EWMA_ALPHA", "MemoryFleetState"]
 

@@ -55,13 +55,13 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from router.config import BackendConfig, HealthConfig
+from router.core.config import BackendConfig, HealthConfig
+from router.core.stateurl import RedisOptions
+from router.core.types import FleetSnapshot
 from router.state import redis_lua
 from router.state.base import Feedback, ReplicaLoad, Reservation, ScrapedMetrics, StateStats
 from router.state.buckets import TokenBuckets
-from router.state.options import RedisOptions
 from router.state.table import FleetTable
-from router.types import FleetSnapshot
 
 log = logging.getLogger(__name__)
 

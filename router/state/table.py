@@ -29,9 +29,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from router.config import BackendConfig, HealthConfig
+from router.core.config import BackendConfig, HealthConfig
+from router.core.types import BackendView, FleetSnapshot
 from router.state.base import Feedback, ScrapedMetrics
-from router.types import BackendView, FleetSnapshot
 
 log = logging.getLogger("router.state")
 

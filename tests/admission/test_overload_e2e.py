@@ -1,5 +1,5 @@
 """Overload end to end: real loopback simulated workers and gateway, the openai SDK as the client,
-3x the fleet's capacity (router.bench.overload, shortened). The interactive agent keeps its SLA;
+3x the fleet's capacity (chimera_bench.overload, shortened). The interactive agent keeps its SLA;
 batch agents are degraded or told to retry later; nothing answers 5xx, nothing hangs, no queued
 request waits past its deadline, and the lowest priority progresses once the load drops."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from router.bench.overload import MODEL, PROFILE, Scenario, drive, read_queue_waits, scenario_config, summarize
-from router.config import Config
+from chimera_bench.overload import MODEL, PROFILE, Scenario, drive, read_queue_waits, scenario_config, summarize
+from router.core.config import Config
 from tests.conftest import ServerThread
 
 Start = Callable[..., ServerThread]

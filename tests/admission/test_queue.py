@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 
 from router.admission import AdmissionController, AdmissionQueue
-from router.config import Config
-from router.errors import Overloaded
+from router.call import ProxyCall
+from router.core.config import Config
+from router.core.errors import Overloaded
+from router.core.types import Decision, FleetSnapshot, RequestFeatures
 from router.features import build_features, parse_body, reserved_tokens
 from router.metrics import Metrics
 from router.policies import basic
-from router.proxy import ProxyCall
 from router.requestlog import RequestRecord
 from router.state.memory import MemoryFleetState
-from router.types import Decision, FleetSnapshot, RequestFeatures
 
 
 def config(**admission: Any) -> Config:

@@ -9,12 +9,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import openai
 import pytest
 
-from router.config import HealthConfig
+from backends.listen import free_port
+from router.core.config import HealthConfig
+from router.core.stateurl import RedisOptions
 from router.state.base import FleetState
 from router.state.memory import MemoryFleetState
-from router.state.options import RedisOptions
 from router.state.redis_state import RedisFleetState
-from tests.conftest import ServerThread, free_port, make_config
+from tests.conftest import ServerThread, make_config
 from tests.redisutil import SHARED_URL, redis_prefix
 from tests.state.test_memory_state import BACKENDS
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from backends.sim.engine import Engine
-from backends.sim.profile import parse_profile
+from router.core.profile import parse_profile
 
 BASE_PROFILE: dict[str, Any] = {
     "name": "test",

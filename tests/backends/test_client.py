@@ -9,8 +9,8 @@ import httpx2 as httpx
 import pytest
 
 from backends.client import WorkerClient, make_http_client
-from router.config import BackendConfig, Timeouts
-from router.errors import WorkerConnectError, WorkerProtocolError, WorkerStatusError, WorkerTimeout
+from router.core.config import BackendConfig, Timeouts
+from router.core.errors import WorkerConnectError, WorkerProtocolError, WorkerStatusError, WorkerTimeout
 
 BACKEND = BackendConfig(name="w", url="http://worker:8000", model="m", kv_budget_tokens=1000)
 TIMEOUTS = Timeouts(connect_s=0.2, first_byte_s=0.2, between_chunks_s=0.2, response_s=0.2)

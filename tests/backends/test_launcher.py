@@ -20,10 +20,10 @@ import pytest
 
 from backends import workers_cli
 from backends.launcher import LaunchError, Machine, kv_tokens_from_log, kv_tokens_from_metrics, plan_workers
+from backends.listen import free_port
 from router.cli import _build_parser, main
-from router.config import load_config
-from router.errors import ConfigError
-from tests.conftest import free_port
+from router.core.config import load_config
+from router.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).resolve().parent / "fake_vllm"

@@ -20,9 +20,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from backends.prober import Prober
-from router.config import BackendConfig, HealthConfig
+from router.core.config import BackendConfig, HealthConfig
+from router.core.types import BackendView
 from router.state.memory import MemoryFleetState
-from router.types import BackendView
 
 METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

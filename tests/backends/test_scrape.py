@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backends.scrape import parse_vllm_metrics
-from router.errors import WorkerProtocolError
+from router.core.errors import WorkerProtocolError
 from router.state.base import ScrapedMetrics
 
 # Shaped as vLLM's V1 engine exposes it through prometheus_client: counters declared under their
@@ -136,7 +136,7 @@ def test_kv_usage_is_clamped() -> None:
 def test_simulator_exposition() -> None:
     from backends.sim.engine import Engine
     from backends.sim.metrics import exposition, make_registry
-    from backends.sim.profile import available_profiles, load_profile
+    from router.core.profile import available_profiles, load_profile
 
     engine = Engine(load_profile(available_profiles()[0]), kv_tokens=1600, max_num_seqs=8, max_num_batched_tokens=512)
     m = parse_vllm_metrics(exposition(make_registry(engine, "qwen2.5-1.5b")).decode())

@@ -127,7 +127,7 @@ def _tune_14b(mis_set: Callable[[dict[str, Any]], None], terms: Any) -> tuple[di
     tuned, and the cells before and after."""
     pytest.importorskip("scipy")
     tune = _load_from_root("tune_replay", SCRIPTS / "calibrate" / "tune_replay.py")
-    shipped = json.loads((SCRIPTS.parent / "backends/sim/profiles/h200-qwen2.5-14b.json").read_text())
+    shipped = json.loads((SCRIPTS.parent / "router/core/profiles/h200-qwen2.5-14b.json").read_text())
     wrong = json.loads(json.dumps(shipped))
     mis_set(wrong)
     a = argparse.Namespace(hold_out=[], prior=0.05, max_nfev=4, sim_http_ms=3.0, terms=terms or tune.TERMS)

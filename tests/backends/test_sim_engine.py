@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from backends.sim.engine import Batch, Engine, Request, Status
-from backends.sim.profile import PROFILE_DIR, STREAM_RHO_MAX, ProfileError
 from backends.sim.server import SimSettings, build_engine
 from backends.sim.textgen import Answer
+from router.core.errors import ProfileError
+from router.core.profile import PROFILE_DIR, STREAM_RHO_MAX
 
 MakeEngine = Callable[..., Engine]
 

@@ -13,6 +13,7 @@ import pytest
 from backends.sim.engine import Engine, Request, Status
 from backends.sim.textgen import Answer
 from backends.sim.waiting import PriorityQueue, make_queue
+from router.core.errors import ProfileError
 from tests.backends.test_sim_engine import run
 from tests.backends.test_sim_server import metrics, sdk, words
 from tests.conftest import ServerThread
@@ -40,7 +41,7 @@ def test_the_priority_queue_orders_by_priority_then_arrival() -> None:
     assert list(q) == [b, a, c]
     with pytest.raises(ValueError):
         q.remove(d)
-    with pytest.raises(ValueError, match="scheduling policy"):
+    with pytest.raises(ProfileError, match="scheduling policy"):
         make_queue("lifo")
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.sim.profile import STEP_FEATURES, ProfileError, available_profiles, load_profile, parse_profile
 from backends.sim.server import SimSettings, create_app
+from router.core.errors import ChimeraError, ProfileError
+from router.core.profile import STEP_FEATURES, available_profiles, load_profile, parse_profile
 
 
 def test_shipped_profiles_parse() -> None:
@@ -57,7 +58,7 @@ def test_unknown_step_feature_is_refused(sim_profile: Callable[..., str], tmp_pa
 def test_bad_settings_raise_profile_error(settings: SimSettings, match: str) -> None:
     with pytest.raises(ProfileError, match=match) as info:
         create_app(settings)
-    assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+    assert isinstance(info.value, ChimeraError) and "\n" not in str(info.value)
 
 
 def test_old_profiles_without_the_new_terms_still_load(sim_profile: Callable[..., str]) -> None:

@@ -11,8 +11,9 @@ import openai
 import pytest
 
 from backends.sim.engine import Engine, Request
-from backends.sim.profile import load_profile
 from backends.sim.textgen import Answer
+from router.core.errors import ProfileError
+from router.core.profile import load_profile
 from tests.conftest import ServerThread
 
 MakeEngine = Callable[..., Engine]
@@ -99,9 +100,9 @@ def test_sim_http_keeps_the_ttft_constant_in_modelled_time(make_engine: MakeEngi
 
 
 def test_bad_sampling_sections_are_refused(sim_profile: Profile) -> None:
-    with pytest.raises(ValueError, match="sampling_s"):
+    with pytest.raises(ProfileError, match="sampling_s"):
         load_profile(sim_profile(sampling_s={"random": 0.001, "top_p": 0.1}))
-    with pytest.raises(ValueError, match=r"sampling_s\.random"):
+    with pytest.raises(ProfileError, match=r"sampling_s\.random"):
         load_profile(sim_profile(sampling_s={"random": -1}))
     p = load_profile(sim_profile(sampling_s={"random": 0.001}))
     assert p.sampling is not None and p.sampling.cpu_base is None and p.sampling.min_tokens == 0.0

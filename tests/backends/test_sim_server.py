@@ -319,7 +319,7 @@ def test_word_level_tokenizer_makes_english_prompts_share_a_prefix(
 def test_a_workflow_step_reuses_the_transcript_in_full_blocks_not_the_earlier_answer(
     sim_server: SimServer, sim_profile: Profile
 ) -> None:
-    # The bench's workflows (router/bench/workloads.py): each step sends the transcript so far with its own
+    # The bench's workflows (chimera_bench/workloads.py): each step sends the transcript so far with its own
     # instruction last, and the next step puts the answer where that instruction was. As in vLLM, only full
     # 16-token blocks of the common prefix are found; the answer, cached after the instruction, is found
     # only by the step after next, which resends it at the same position (REAL_VLLM.md, "Rerun 5").

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from backends.sim.profile import available_profiles, load_profile
 from backends.sim.textgen import (
     CORRECT,
     VOCAB_IDS,
@@ -13,6 +12,7 @@ from backends.sim.textgen import (
     p_correct,
     tokenize,
 )
+from router.core.profile import available_profiles, load_profile
 
 
 def test_one_token_per_word_stable_ids() -> None:

@@ -13,11 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backends.listen import free_port, wait_ready
 from backends.sim.server import SimSettings, create_app
 from backends.sim.textgen import chat_text, draw_answer
-from backends.simfields import SimFieldsProxy, patch_event, rewrite
+from chimera_bench.simfields import SimFieldsProxy, patch_event, rewrite
 from router.wire import HeadFirstProtocol
-from tests.conftest import ServerThread, free_port
+from tests.conftest import ServerThread
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm"
 MESSAGES = [{"role": "user", "content": "write a sorting function"}]
@@ -57,15 +58,7 @@ def worker() -> Iterator[str]:
                              "--served-model-name", "m", "--port", str(port), "--host", "127.0.0.1",
                              "--kv-cache-memory-bytes", "1073741824"], env=env, stdout=subprocess.DEVNULL)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.HTTPError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    wait_ready(url + "/health", 10, proc=proc, poll_s=0.05)
     yield url
     proc.terminate()
     proc.wait(5)

@@ -12,10 +12,10 @@ import httpx2 as httpx
 import pytest
 
 from backends.client import WorkerClient
+from backends.listen import free_port
 from backends.transport import AiohttpTransport
-from router.config import BackendConfig, Timeouts
-from router.errors import WorkerConnectError, WorkerTimeout
-from tests.conftest import free_port
+from router.core.config import BackendConfig, Timeouts
+from router.core.errors import WorkerConnectError, WorkerTimeout
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 TIMEOUTS = Timeouts(connect_s=0.5, first_byte_s=0.5, between_chunks_s=0.3, response_s=0.5)

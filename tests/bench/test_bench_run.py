@@ -13,9 +13,9 @@ from typing import Any
 import openai
 import pytest
 
-from router.bench import client as bc
-from router.bench.overhead import offer, run_overhead
-from router.bench.runner import BenchSpec, run_bench
+from chimera_bench import client as bc
+from chimera_bench.overhead import offer, run_overhead
+from chimera_bench.runner import BenchSpec, run_bench
 from tests.redisutil import redis_prefix
 
 __all__ = ["redis_prefix"]  # a fixture

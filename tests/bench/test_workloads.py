@@ -6,8 +6,8 @@ import itertools
 
 import numpy as np
 
-from router.bench.client import poisson_arrivals
-from router.bench.workloads import DETAIL, ROLES, TOPICS, Step, Workflow, make_workflow
+from chimera_bench.client import poisson_arrivals
+from chimera_bench.workloads import DETAIL, ROLES, TOPICS, Step, Workflow, make_workflow
 
 
 def _play(wf: Workflow, verdicts: str = "wrong") -> list[Step]:

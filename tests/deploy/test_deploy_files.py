@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from router.app import create_app
-from router.config import Config, parse_config
+from router.core.config import Config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from router.bench.gateway_proc import wait_ready
-from tests.conftest import free_port, interrupt
+from backends.listen import free_port, wait_ready
+from tests.conftest import interrupt
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ def test_the_example_app_runs_its_agents_through_the_gateway(tmp_path: Path) -> 
     serve = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)], cwd=ROOT, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
-        wait_ready(f"http://127.0.0.1:{gw}", serve, timeout_s=40, path="/ready")
+        wait_ready(f"http://127.0.0.1:{gw}/ready", 40, proc=serve)
         app = [sys.executable, str(ROOT / "examples" / "multi_agent_app.py")]
         run = subprocess.run([*app, "--sim", "a todo list"], env=env, capture_output=True, text=True, timeout=60)
         bad_key = subprocess.run([*app, "x"], env={**env, "CODER_KEY": "nope", "PLANNER_KEY": "nope"},

@@ -14,7 +14,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import ServerThread, free_port, make_config
+from backends.listen import free_port
+from tests.conftest import ServerThread, make_config
 from tests.e2e.fakes import FakeWorker
 
 USER = [{"role": "user", "content": "hello"}]

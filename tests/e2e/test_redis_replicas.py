@@ -17,7 +17,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import ServerThread, free_port, make_config
+from backends.listen import free_port, wait_ready
+from tests.conftest import ServerThread, make_config
 from tests.e2e.fakes import FakeWorker
 from tests.redisutil import SHARED_URL, redis_prefix
 
@@ -85,7 +86,7 @@ async def test_replicas_share_reservations_and_a_killed_one_leaks_nothing(
     on_a: asyncio.Task[httpx.Response] | None = None
     async with httpx.AsyncClient(timeout=30) as client:
         try:
-            await _until(lambda: _ok(b_url), within=15)
+            await asyncio.to_thread(wait_ready, b_url + "/health", 15, proc=b)
             on_b = [asyncio.create_task(client.post(b_url + "/v1/completions", json=body)) for _ in range(4)]
             on_a = asyncio.create_task(client.post(a.url + "/v1/completions", json=body))
             await _until(lambda: _inflight(a.url)[0] == 5 and _inflight(b_url)[0] == 5)
@@ -110,10 +111,3 @@ async def test_replicas_share_reservations_and_a_killed_one_leaks_nothing(
                 on_a.cancel()
                 await asyncio.gather(on_a, return_exceptions=True)
     await _until(lambda: _inflight(a.url) == (0, 0))
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=0.5).status_code == 200
-    except httpx.HTTPError:
-        return False

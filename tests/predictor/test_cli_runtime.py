@@ -9,8 +9,8 @@ import pytest
 
 from predictor import artifact
 from predictor.model import Predictor, PriorPredictor
-from predictor.runtime import PredictorRuntime
 from router.cli import main
+from router.learning import PredictorRuntime
 from router.requestlog import RequestRecord
 from tests.conftest import make_config
 from tests.predictor.synth import records, write_log
@@ -112,7 +112,7 @@ async def test_a_model_trained_on_other_profile_terms_is_flagged_at_start_and_in
     model = tmp_path / "p.pkl"
     assert main(["predictor", "train", "--log", str(train), "--out", str(model)]) == 0
     capsys.readouterr()
-    shipped = json.loads((Path(__file__).parents[2] / "backends/sim/profiles/h200-qwen2.5-0.5b.json").read_text())
+    shipped = json.loads((Path(__file__).parents[2] / "router/core/profiles/h200-qwen2.5-0.5b.json").read_text())
     shipped["step_time_s"]["base"] *= 2  # refitted: the same name, another step time
     refit = tmp_path / "h200-qwen2.5-0.5b.json"
     refit.write_text(json.dumps(shipped))

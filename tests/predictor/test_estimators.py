@@ -20,6 +20,7 @@ from predictor.latency import LatencyModel
 from predictor.length import OutputLengthModel
 from predictor.model import Predictor, _quality_extras
 from predictor.quality import QualityModel, term_matrix
+from router.core.errors import ArtifactError
 from tests.predictor.synth import records
 
 SMALL = {"max_iter": 15, "min_samples": 20}
@@ -185,30 +186,30 @@ def test_mismatched_versions_and_schema_are_refused(fitted: Predictor, tmp_path:
     header = {"format": artifact.FORMAT, "schema": artifact.SCHEMA_VERSION, "meta": {},
               "versions": {**artifact.versions(), "sklearn": "0.0.1"}}  # fmt: skip
     artifact.write(path, header, fitted)
-    with pytest.raises(artifact.ArtifactError, match=r"sklearn 0\.0\.1"):
+    with pytest.raises(ArtifactError, match=r"sklearn 0\.0\.1"):
         artifact.load(path)
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 999}, fitted)
-    with pytest.raises(artifact.ArtifactError, match="schema 999"):
+    with pytest.raises(ArtifactError, match="schema 999"):
         artifact.load(path)
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 4}, fitted)
-    with pytest.raises(artifact.ArtifactError, match=r"schema 4 .*lacks the prior's eager .*, the quality model's"):
+    with pytest.raises(ArtifactError, match=r"schema 4 .*lacks the prior's eager .*, the quality model's"):
         artifact.load(path)
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 3}, fitted)
-    with pytest.raises(artifact.ArtifactError, match=r"schema 3 .*prefill backlog, the latency p90s' calibration per"):
+    with pytest.raises(ArtifactError, match=r"schema 3 .*prefill backlog, the latency p90s' calibration per"):
         artifact.load(path)
     artifact.write(path, {**header, "versions": artifact.versions(), "schema": 2}, fitted)
-    with pytest.raises(artifact.ArtifactError, match=r"schema 2 .*per load bucket, the p90s' conformal calibration"):
+    with pytest.raises(ArtifactError, match=r"schema 2 .*per load bucket, the p90s' conformal calibration"):
         artifact.load(path)
     path.write_bytes(pickle.dumps({"something": "else"}))
-    with pytest.raises(artifact.ArtifactError, match="not a chimera predictor"):
+    with pytest.raises(ArtifactError, match="not a chimera predictor"):
         artifact.load(path)
     artifact.save(fitted, path, {})
     whole = path.read_bytes()
     path.write_bytes(whole[: len(whole) // 2])  # an interrupted copy: the header whole, the model cut off
-    with pytest.raises(artifact.ArtifactError, match="cannot read the predictor's model"):
+    with pytest.raises(ArtifactError, match="cannot read the predictor's model"):
         artifact.load(path)
     path.write_bytes(whole[:3])  # the header itself cut off
-    with pytest.raises(artifact.ArtifactError, match="cannot read a predictor"):
+    with pytest.raises(ArtifactError, match="cannot read a predictor"):
         artifact.load(path)
 
 

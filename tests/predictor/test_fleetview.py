@@ -7,7 +7,7 @@ import pytest
 from predictor.fleetview import REFERENCE_OUTPUT_TOKENS, prior_predictions, slot_predictions
 from predictor.model import ModelSlot, PriorPredictor
 from predictor.prior import profile_for
-from router.types import BackendView
+from router.core.types import BackendView
 
 PROFILES = {"idle": profile_for("h200-qwen2.5-7b"), "busy": profile_for("h200-qwen2.5-7b"),
             "small": profile_for("h200-qwen2.5-0.5b")}  # fmt: skip

@@ -12,10 +12,11 @@ from threadpoolctl import threadpool_limits
 from predictor.dataset import samples
 from predictor.model import ModelSlot, Prediction, Predictor
 from predictor.prior import WorkerProfile, profile_for
-from router.config import PolicyOptions
-from router.policies import get_policy
+from router.core.config import PolicyOptions
+from router.core.types import BackendView, FleetSnapshot, RequestFeatures
+from router.policies import create_policy
 from router.policies.predictive import guarded_shares, make_predictive
-from router.types import BackendView, FleetSnapshot, RequestFeatures
+from tests.conftest import make_config
 from tests.predictor.synth import records
 
 
@@ -138,7 +139,9 @@ def test_load_guard_drops_affinity_of_a_hot_worker() -> None:
 
 
 def test_registry_builds_a_prior_policy_that_prefers_the_idle_worker() -> None:
-    policy = get_policy("predictive")
+    config = make_config([{"name": n, "url": f"http://127.0.0.1:{i + 1}", "model": "qwen2.5-7b"}
+                          for i, n in enumerate(("busy", "idle"))], policy="predictive")  # fmt: skip
+    policy = create_policy(config)
     views = (BackendView(name="busy", model="qwen2.5-7b", running=100, inflight_requests=100, inflight_tokens=90_000),
              BackendView(name="idle", model="qwen2.5-7b", running=0))  # fmt: skip
     d = policy(feats(), FleetSnapshot(views))

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from predictor.model import PriorPredictor
 from predictor.prior import prior_latency, prior_output, profile_for
-from router.types import BackendView, RequestFeatures
+from router.core.types import BackendView, RequestFeatures
 
 F = RequestFeatures(agent="a", endpoint="chat", models=("m",), prompt_tokens=1000, max_tokens=300, stream=True)
 
@@ -77,8 +77,8 @@ def test_backend_profile_key_is_validated_and_resolved() -> None:
     import pytest
 
     from predictor.prior import worker_profiles
-    from router.config import parse_config
-    from router.errors import ConfigError
+    from router.core.config import parse_config
+    from router.core.errors import ConfigError
 
     text = """
 gateway: {policy: predictive, default_agent: a}
@@ -102,7 +102,7 @@ def test_a_busy_engine_adds_the_step_in_progress_and_the_api_servers_streaming()
     worker a request waits the rest of the step in progress and the step already planned (1.5 steps), and
     ``stream_wait * rho / (1 - rho)`` for the tokens the running requests stream (rho capped as the sim caps
     it); an idle worker waits for neither. The whole TTFT scales with the time scale (rho does not)."""
-    from backends.sim.profile import STREAM_RHO_MAX, eager_step
+    from router.core.profile import STREAM_RHO_MAX, eager_step
 
     wp = profile_for("h200-qwen2.5-0.5b")
     assert wp.busy_wait_steps == 1.5 and wp.stream_token > 0 and wp.stream_wait > 0
@@ -135,8 +135,8 @@ def test_an_idle_workers_ttft_is_the_sims() -> None:
     server's constant and intake, then one prefill step, eager above the CUDA-graph limit (a 1,000-token
     prompt pays the eager step's ~17-23 ms; 64 tokens run in the graphs), plus the measured HTTP share."""
     from backends.sim.engine import Engine, Request
-    from backends.sim.profile import load_profile
     from backends.sim.textgen import Answer
+    from router.core.profile import load_profile
 
     for name in ("h200-qwen2.5-0.5b", "h200-qwen2.5-7b"):
         profile = load_profile(name)

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import free_port
+from backends.listen import free_port, wait_ready
 from tests.e2e.fakes import FakeWorker, Receive, Scope, Send, _respond
 
 SIM_MODEL = "qwen2.5-0.5b"
@@ -47,24 +47,13 @@ class SimProcess:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=os.getcwd())
 
     def wait_healthy(self, timeout: float = 20.0) -> SimProcess:
-        deadline = time.monotonic() + timeout
-        while not healthy(self.url):
-            assert self.proc.poll() is None, f"sim on {self.port} exited {self.proc.returncode}"
-            assert time.monotonic() < deadline, f"sim on {self.port} did not come up"
-            time.sleep(0.05)
+        wait_ready(self.url + "/health", timeout, proc=self.proc, poll_s=0.05)
         return self
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-
-
-def healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=0.5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @contextlib.contextmanager

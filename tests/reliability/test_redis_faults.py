@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ServerThread, free_port, make_config
+from backends.listen import free_port, wait_ready
+from tests.conftest import ServerThread, make_config
 from tests.redisutil import SHARED_URL, RedisServer, private_redis, redis_prefix
-from tests.reliability.harness import SwitchableWorker, closed_loop, fleet, healthy, until
+from tests.reliability.harness import SwitchableWorker, closed_loop, fleet, until
 
 __all__ = ["private_redis", "redis_prefix"]  # fixtures
 
@@ -89,7 +90,7 @@ async def test_replica_killed_under_load_its_reservations_expire(
     sees B's reservations vanish within the lease TTL and loses no request."""
     data, b, b_url = replica_setup
     a = gateway_server(make_config(data["backends"], data["agents"], **data["gateway"]))
-    await until(lambda: healthy(b_url), within=15)
+    await asyncio.to_thread(wait_ready, b_url + "/health", 15, proc=b)
     long = {"bound": BOUND_S, "stream_share": 1.0, "output_tokens": 400}
     on_b = asyncio.create_task(closed_loop(b_url, total=6, concurrency=6, **long))
     await until(lambda: fleet(a.url)["backends"][0]["inflight_requests"] >= 6, within=5)

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from router.config import Config
+from router.core.config import Config
 from router.state.memory import MemoryFleetState
 from tests.conftest import ServerThread, make_config
 from tests.e2e.fakes import FakeWorker

@@ -10,11 +10,11 @@ import pytest
 
 from router.app import YOUNG_GC_THRESHOLD, serving_gc
 from router.auth import AgentResolver
-from router.errors import Unauthorized
+from router.core.errors import Unauthorized
+from router.core.types import BackendView, FleetSnapshot
 from router.metrics import Metrics
 from router.requestlog import RequestLog, RequestRecord
 from router.sse import SSECutter
-from router.types import BackendView, FleetSnapshot
 from tests.conftest import make_config
 
 BACKENDS = [{"name": "w", "url": "http://127.0.0.1:9001", "model": "m"}]

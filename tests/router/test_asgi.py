@@ -1,4 +1,4 @@
-"""router.asgi (the hot routes' header and body readers) and router.proxy.run_until_disconnect
+"""router.core.asgi and router.edge (the hot routes' header and body readers) and router.proxy.run_until_disconnect
 (one task per request, cancelled when the client hangs up), on hand-made ASGI messages."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Send
 
-from router.asgi import header_map, read_body
-from router.errors import BodyTooLarge
+from router.core.asgi import header_map
+from router.core.errors import BodyTooLarge
+from router.edge import request_body as read_body
 from router.proxy import run_until_disconnect
 
 

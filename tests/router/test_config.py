@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from router.config import load_config, parse_config
-from router.errors import ConfigError
+from router.core.config import load_config, parse_config
+from router.core.errors import ConfigError
 
 GOOD = """\
 gateway:

@@ -12,10 +12,10 @@ import openai
 import pytest
 
 from backends.launcher import plan_workers
-from router.config import EnginePriorityConfig
+from router.core.config import EnginePriorityConfig
+from router.core.types import RequestFeatures
 from router.priority import make_priority
 from router.serve import sim_command, sim_groups
-from router.types import RequestFeatures
 from tests.conftest import ServerThread, make_config
 from tests.e2e.fakes import FakeWorker
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from router.errors import BadRequest, ModelNotAllowed, ModelNotFound
+from router.core.errors import BadRequest, ModelNotAllowed, ModelNotFound
+from router.core.types import RequestFeatures
 from router.features import (
     DEFAULT_OUTPUT_TOKENS,
     MESSAGE_OVERHEAD_TOKENS,
@@ -18,7 +19,6 @@ from router.features import (
     reserved_tokens,
     resolve_models,
 )
-from router.types import RequestFeatures
 from tests.conftest import make_config
 
 CFG = make_config(

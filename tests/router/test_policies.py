@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from router.config import PolicyOptions
-from router.errors import ConfigError
-from router.policies import available, get_policy
+from router.core.config import PolicyOptions, load_config
+from router.core.errors import ConfigError
+from router.core.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
+from router.policies import available, create_policy
 from router.policies.basic import least_kv, least_outstanding, make_length_split, round_robin
-from router.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
+from tests.conftest import make_config
 
 LENGTH_SPLIT = make_length_split(PolicyOptions(long_prompt_tokens=1000, long_tag="long"))
 ALL: dict[str, Policy] = {
@@ -79,12 +81,19 @@ def test_single_worker(name: str) -> None:
 
 def test_registry() -> None:
     assert set(ALL) <= set(available())
-    opts = PolicyOptions(long_prompt_tokens=1000)
     for name in ALL:
+        config = make_config([{"name": "w", "url": "http://127.0.0.1:1", "model": "m"}], policy=name,
+                             policy_options={"long_prompt_tokens": 1000})  # fmt: skip
         for f in (feats(seq=2), feats(seq=3, prompt_tokens=5000)):
-            assert get_policy(name, opts)(f, FLEET) == ALL[name](f, FLEET)
-    with pytest.raises(ConfigError, match="unknown policy"):
-        get_policy("nope")
+            assert create_policy(config)(f, FLEET) == ALL[name](f, FLEET)
+
+
+def test_an_unknown_policy_is_refused_with_its_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("gateway:\n  policy: nope\nbackends:\n  - {name: w, url: 'http://127.0.0.1:1', model: m, "
+                    "kv_budget_tokens: 1000, max_model_len: 512}\nagents:\n  - {name: a, models: [m]}\n")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"c\.yaml:2: gateway\.policy: unknown policy 'nope' \(available: "):
+        create_policy(load_config(path))
 
 
 # -- round robin --------------------------------------------------------------------------------

@@ -7,14 +7,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from router.config import BackendConfig, Config, HealthConfig
-from router.errors import ConfigError
+from router.core.config import BackendConfig, Config, HealthConfig
+from router.core.errors import ConfigError
+from router.core.stateurl import RedisOptions, redis_options
+from router.core.types import BackendView
 from router.state import create_state
 from router.state.base import FleetState, Reservation, ScrapedMetrics
 from router.state.memory import MemoryFleetState
-from router.state.options import RedisOptions, redis_options
 from router.state.redis_state import RedisFleetState
-from router.types import BackendView
 from tests.redisutil import SHARED_URL, redis_prefix
 
 KINDS = ["memory", "redis"]
@@ -326,7 +326,7 @@ async def test_prediction_bias_fades_without_new_evidence(state: FleetState, clo
 async def test_snapshot_is_frozen_and_eligible_filters(state: FleetState) -> None:
     from dataclasses import FrozenInstanceError
 
-    from router.types import RequestFeatures
+    from router.core.types import RequestFeatures
 
     snap = state.snapshot()
     with pytest.raises(FrozenInstanceError):

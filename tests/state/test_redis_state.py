@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis.asyncio
 
-from router.config import HealthConfig
+from router.core.config import HealthConfig
+from router.core.stateurl import RedisOptions
 from router.state.base import ScrapedMetrics
-from router.state.options import RedisOptions
 from router.state.redis_state import RedisFleetState
 from tests.redisutil import SHARED_URL, RedisServer, private_redis, redis_prefix
 from tests.state.test_memory_state import BACKENDS
@@ -215,8 +215,8 @@ async def test_killed_replica_leaks_nothing_after_its_ttl(replicas: Make, redis_
     a = await replicas()
     child = f"""
 import asyncio, sys
-from router.config import HealthConfig
-from router.state.options import RedisOptions
+from router.core.config import HealthConfig
+from router.core.stateurl import RedisOptions
 from router.state.redis_state import RedisFleetState
 from tests.state.test_memory_state import BACKENDS
 async def main():

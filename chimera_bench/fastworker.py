@@ -5,7 +5,7 @@ Answers ``/v1/chat/completions`` and ``/v1/completions`` at once with a fixed an
 plus ``/health``, ``/v1/models`` and a ``/metrics`` with vLLM's gauges at zero so the gateway's
 prober is happy. No framework: whatever the gateway adds over this is the gateway's own cost.
 
-    python -m router.bench.fastworker --port P [--model NAME]
+    python -m chimera_bench.fastworker --port P [--model NAME]
 """
 
 from __future__ import annotations
@@ -13,17 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
 import uvicorn
 
-from backends.asgi import read_body
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+from router.core.asgi import Receive, Scope, Send, read_body
 
 TOKENS = 8
 
@@ -106,7 +100,7 @@ def create_app(model: str = "fast") -> Callable[[Scope, Receive, Send], Awaitabl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m router.bench.fastworker")
+    p = argparse.ArgumentParser(prog="python -m chimera_bench.fastworker")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", default="fast")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from router.errors import ConfigError
+from router.core.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

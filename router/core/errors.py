@@ -2,6 +2,10 @@
 
     ChimeraError
     ├── ConfigError            a config file or CLI argument is wrong (CLI exit 2; file:line: key)
+    ├── ProfileError           a worker profile or a simulator setting is unusable (one line; CLI exit 2)
+    ├── ArtifactError          a saved predictor model cannot be used here (versions, format)
+    ├── LaunchError            a real vLLM worker could not be started, or died (`chimera workers up`)
+    ├── SimApiError            the simulated worker answers its caller with this status (vLLM's envelope)
     ├── ClientError            the gateway answers the caller with this status, in OpenAI's envelope
     │   ├── BadRequest              400 invalid_request_error
     │   ├── Unauthorized            401 authentication_error
@@ -24,6 +28,8 @@ they are caught where they happen and re-raised as one of these with ``raise ...
 
 from __future__ import annotations
 
+import json
+
 
 class ChimeraError(Exception):
     """Base of every error this package raises on purpose."""
@@ -42,6 +48,42 @@ class ConfigError(ChimeraError):
             where = f"{where}:{line}" if where else f"line {line}"
         parts = [p for p in (where, key) if p]
         super().__init__(": ".join([*parts, message]))
+
+
+class ProfileError(ChimeraError):
+    """A profile or a simulator setting is unusable; the message is one line. ``setting``: the
+    simulator setting at fault (a ``SimSettings`` field, as ``chimera sim`` names its flag), or
+    ``""`` where it is the profile itself."""
+
+    def __init__(self, message: str, *, setting: str = "") -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+class ArtifactError(ChimeraError):
+    """A predictor file cannot be used here; the message says why in one line."""
+
+
+class LaunchError(ChimeraError):
+    """A worker could not be started or died (CLI exit 1)."""
+
+
+class SimApiError(ChimeraError):
+    """The simulated worker's answer to a bad request: ``status`` in OpenAI's error envelope, as vLLM
+    writes it (``type`` the exception's name, ``code`` the status)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def body(self) -> bytes:
+        kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed"}.get(
+            self.status, "InternalServerError"
+        )
+        err = {"message": self.message, "type": kind, "param": self.param, "code": self.status}
+        return json.dumps({"error": err}).encode()
 
 
 class ClientError(ChimeraError):

@@ -1,4 +1,5 @@
-"""Listening sockets bound before uvicorn starts (``uvicorn.Server(config).run(sockets=...)``).
+"""Listening sockets bound before uvicorn starts (``uvicorn.Server(config).run(sockets=...)``), and the two
+helpers of whoever starts a server process: :func:`free_port` and :func:`wait_ready`.
 
 uvicorn binds its own socket only once the app is built and then reports a taken port as a log line
 and exit status 3; binding first turns it into one :class:`ChimeraError` line,
@@ -9,9 +10,16 @@ from __future__ import annotations
 
 import errno
 import socket
+import subprocess
+import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from router.errors import ChimeraError
+from router.core.errors import ChimeraError
+
+if TYPE_CHECKING:
+    import httpx
 
 BACKLOG = 2048  # uvicorn's default
 
@@ -72,3 +80,56 @@ def _listen_one(host: str, port: int) -> list[socket.socket]:
     if not sockets:
         raise ChimeraError(f"cannot listen on {where(host, port)}: no usable address")
     return sockets
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on at ``host`` now, as the kernel picks one (another process may take it
+    before the caller binds it: bind it soon)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, timeout_s: float = 30.0, *, proc: subprocess.Popen[Any] | None = None,
+               log_file: Path | None = None, poll_s: float = 0.1) -> None:  # fmt: skip
+    """GET ``url`` (e.g. ``http://127.0.0.1:8080/ready``) until it answers 2xx. Raises :class:`ChimeraError`
+    when ``proc`` (the server's process, if given) exits first, with the last line of its ``log_file`` (the
+    cause), or when ``timeout_s`` passes, with the last answer (a gateway's ``/ready`` says why it is not)."""
+    import httpx  # here: the servers that import this module for listen() need no client
+
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while True:
+        if proc is not None and proc.poll() is not None:
+            cause = _last_line(log_file)
+            raise ChimeraError(f"the server process for {url} exited with status {proc.returncode}"
+                               + (f": {cause}" if cause else ""))  # fmt: skip
+        try:
+            r = httpx.get(url, timeout=1.0)
+            if r.is_success:
+                return
+            last = _said(r)
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise ChimeraError(f"{url} did not answer within {timeout_s:g} s" + (f": {last}" if last else ""))
+        time.sleep(poll_s)
+
+
+def _said(r: httpx.Response) -> str:
+    """An answer in a few words: its status and an OpenAI envelope's message."""
+    try:
+        message = r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = ""
+    return f"{r.status_code} {message}".strip()
+
+
+def _last_line(log_file: Path | None) -> str:
+    if log_file is None:
+        return ""
+    try:
+        lines = [ln.strip() for ln in log_file.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""

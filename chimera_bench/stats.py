@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from router.bench.client import RequestRecord, RunLog
-from router.config import Config
+from chimera_bench.client import RequestRecord, RunLog
+from router.core.config import Config
 
 
 def quantiles(values: Iterable[float]) -> dict[str, float | None]:

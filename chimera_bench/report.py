@@ -209,11 +209,11 @@ def by_length(out: Path, long_tokens: int = 2048) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m router.bench.report DIR [--markdown] [--plots] [--by-length]``: reprint a finished bench."""
+    """``python -m chimera_bench.report DIR [--markdown] [--plots] [--by-length]``: reprint a finished bench."""
     import argparse
     import json
 
-    p = argparse.ArgumentParser(prog="python -m router.bench.report")
+    p = argparse.ArgumentParser(prog="python -m chimera_bench.report")
     p.add_argument("dir")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--plots", action="store_true")

@@ -1,6 +1,6 @@
 """The gateway as the bench runs it: its own process, a policy overridden, optionally profiled.
 
-    python -m router.bench.gateway_proc --config FILE --port P [--policy NAME] [--request-log F]
+    python -m chimera_bench.gateway_proc --config FILE --port P [--policy NAME] [--request-log F]
                                         [--profile OUT] [--speedup X]
 
 ``create_app`` over the config with ``gateway.policy`` (and the request log) replaced; the
@@ -27,8 +27,8 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from router.config import Config, load_config
-from router.errors import ChimeraError
+from router.core.config import Config, load_config
+from router.core.errors import ChimeraError
 from router.wire import SERVER_OPTIONS
 
 
@@ -61,7 +61,7 @@ def command(
     profile: str | None = None, speedup: float | None = None, urls: dict[str, str] | None = None,
     state: str | None = None, reuse_port: bool = False,
 ) -> list[str]:  # fmt: skip
-    cmd = [sys.executable, "-m", "router.bench.gateway_proc", "--config", config_path, "--port", str(port)]
+    cmd = [sys.executable, "-m", "chimera_bench.gateway_proc", "--config", config_path, "--port", str(port)]
     if policy:
         cmd += ["--policy", policy]
     if request_log is not None:
@@ -91,12 +91,6 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start(cmd: list[str], log_file: Path, cpu: int | None = None) -> subprocess.Popen[bytes]:
     """Start a server process logging to ``log_file``, pinned to ``cpu`` (as ``taskset -c CPU``)."""
     from router.serve import die_with_parent
@@ -107,48 +101,6 @@ def start(cmd: list[str], log_file: Path, cpu: int | None = None) -> subprocess.
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(proc.pid, {cpu})
     return proc
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0, path: str = "/ready",
-               log_file: Path | None = None) -> None:  # fmt: skip
-    """Poll ``url + path`` until it answers 200; raise ChimeraError if the process dies (with the last line
-    of its ``log_file``: the cause) or time runs out (with the last answer: a gateway's /ready says why)."""
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while True:
-        if proc.poll() is not None:
-            cause = _last_line(log_file)
-            raise ChimeraError(f"server process for {url} exited with status {proc.returncode}"
-                               + (f": {cause}" if cause else ""))  # fmt: skip
-        try:
-            r = httpx.get(url + path, timeout=1.0)
-            if r.status_code == 200:
-                return
-            last = _said(r)
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise ChimeraError(f"{url}{path} did not answer 200 within {timeout_s:g} s" + (f": {last}" if last else ""))
-        time.sleep(0.1)
-
-
-def _said(r: httpx.Response) -> str:
-    """An answer in a few words: its status and an OpenAI envelope's message."""
-    try:
-        message = r.json()["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = ""
-    return f"{r.status_code} {message}".strip()
-
-
-def _last_line(log_file: Path | None) -> str:
-    if log_file is None:
-        return ""
-    try:
-        lines = [ln.strip() for ln in log_file.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1][:300] if lines else ""
 
 
 def wait_replicas(
@@ -186,7 +138,7 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0, sig: int = sign
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m router.bench.gateway_proc")
+    p = argparse.ArgumentParser(prog="python -m chimera_bench.gateway_proc")
     p.add_argument("--config", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")

@@ -1,25 +1,24 @@
 """YAML config → frozen, validated objects. Parsed once at start-up and passed explicitly.
 
 ``load_config(path)`` substitutes ``${VAR}`` from the environment, validates with pydantic and
-raises :class:`router.errors.ConfigError` whose message names ``file:line: key``.
+raises :class:`router.core.errors.ConfigError` whose message names ``file:line: key``.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from router.errors import ConfigError
+from router.core.errors import ConfigError
+from router.core.yamlload import Loc, dotted, nearest_line, read_yaml
 
-POLICIES = ("round_robin", "least_outstanding", "least_kv", "length_split", "predictive")
 AUTO_MODEL = "auto"
 
 PosFloat = Annotated[float, Field(gt=0)]
@@ -225,7 +224,7 @@ class GatewayConfig(_Frozen):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     state: str = "memory"
-    policy: Literal["round_robin", "least_outstanding", "least_kv", "length_split", "predictive"] = "least_outstanding"
+    policy: str = "least_outstanding"  # a name of the policy registry (router.policies), checked at start-up
     policy_options: PolicyOptions = PolicyOptions()
     request_log: str | None = None
     max_body_bytes: PosInt = 4 * 1024 * 1024
@@ -251,7 +250,7 @@ class GatewayConfig(_Frozen):
         parts = urlsplit(v)
         if parts.scheme not in ("redis", "rediss", "unix") or not (parts.hostname or parts.path):
             raise ValueError(f"state must be 'memory' or a redis:// URL, not {v!r}")
-        from router.state.options import check_redis_url
+        from router.core.stateurl import check_redis_url
 
         try:
             check_redis_url(v)
@@ -260,10 +259,27 @@ class GatewayConfig(_Frozen):
         return v
 
 
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where a config was read from: the file, the line of every key path, the document as read."""
+
+    file: str = ""
+    lines: Mapping[Loc, int] = field(default_factory=dict)
+    data: Any = None
+
+
 class Config(_Frozen):
     gateway: GatewayConfig = GatewayConfig()
     backends: Annotated[tuple[BackendConfig, ...], Field(min_length=1)]
     agents: Annotated[tuple[AgentConfig, ...], Field(min_length=1)]
+    _source: ConfigSource = PrivateAttr(default_factory=ConfigSource)
+
+    def error(self, loc: Loc, message: str) -> ConfigError:
+        """A ConfigError about the key at ``loc`` (e.g. ``("gateway", "policy")``), naming its file and
+        line where the config was read from a file; for checks made after loading (the policy's name, the
+        options that do nothing where they stand)."""
+        src = self._source
+        return ConfigError(message, file=src.file, line=nearest_line(src.lines, loc), key=dotted(loc, src.data))
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
@@ -338,7 +354,8 @@ def _kinds(annotation: Any) -> set[Any]:
 
 
 def _check_profile(loc: tuple[str | int, ...], name: str) -> None:
-    from backends.sim.profile import ProfileError, load_profile
+    from router.core.errors import ProfileError
+    from router.core.profile import load_profile
 
     try:
         load_profile(name)
@@ -366,35 +383,6 @@ def _unique(section: str, names: list[str]) -> None:
             raise _At((section, i, "name"), f"duplicate name {n!r}")
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last
-    one, so `port: 8080` further up would silently lose to a later `port: 9090`)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-            except TypeError:  # an unhashable key: the base class reports it
-                break
-            if duplicate:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_ENV_RE = re.compile(r"(\$?)\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")  # $${VAR}: a literal ${VAR}
-_PLACEHOLDER = "__chimera_env_{}__"
-_PLACEHOLDER_RE = re.compile(r"__chimera_env_(\d+)__")
-
-
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
     """Read, substitute, validate. Raises ConfigError (never a traceback for a user's mistake)."""
     file = str(path)
@@ -406,41 +394,9 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
 
 
 def parse_config(text: str, *, file: str = "<config>", env: Mapping[str, str]) -> Config:
-    # ${VAR} is replaced by a YAML-safe placeholder before parsing (so `[${KEY}]` works in flow
-    # style and a value with YAML syntax in it cannot change the document's shape), then the
-    # placeholders inside string scalars are replaced by the values.
-    values: list[str] = []
-
-    def _sub(m: re.Match[str]) -> str:
-        if m.group(1):  # $${VAR} stands for the text ${VAR}
-            return m.group(0)[1:]
-        if _in_comment(text, m.start()):  # `# admin_key: ${ADMIN_KEY}` needs no ADMIN_KEY
-            return m.group(0)
-        var, default = m.group(2), m.group(3)
-        if var in env:
-            values.append(env[var])
-        elif default is not None:
-            values.append(default)
-        else:
-            line = text.count("\n", 0, m.start()) + 1
-            raise ConfigError(f"environment variable {var} is not set", file=file, line=line, key=f"${{{var}}}")
-        return _PLACEHOLDER.format(len(values) - 1)
-
-    masked = _ENV_RE.sub(_sub, text)
+    data, lines = read_yaml(text, file=file, env=env)
     try:
-        node = yaml.compose(masked, Loader=yaml.SafeLoader)
-        data = yaml.load(masked, Loader=_UniqueKeyLoader)  # a SafeLoader
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"invalid YAML: {problem}", file=file, line=line) from exc
-    if not isinstance(data, dict):
-        raise ConfigError("the config must be a mapping with gateway, backends and agents", file=file, line=1)
-    lines = dict(_line_index(node)) if node is not None else {}
-    data = _unmask(data, values)
-    try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
@@ -454,73 +410,6 @@ def parse_config(text: str, *, file: str = "<config>", env: Mapping[str, str]) -
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ConfigError(msg + more, file=file, line=_nearest_line(lines, loc), key=_dotted(loc, data)) from exc
-
-
-def _in_comment(text: str, pos: int) -> bool:
-    """Whether ``pos`` is inside a YAML comment: after a ``#`` that starts its line or follows a blank,
-    outside a quoted scalar (a good approximation of YAML's rule, for one line)."""
-    quote = ""
-    prev = " "
-    for ch in text[text.rfind("\n", 0, pos) + 1 : pos]:
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "'\"" and prev in " \t[{,:":  # a quoted scalar opens there (not the ' of "it's")
-            quote = ch
-        elif ch == "#" and prev in " \t":
-            return True
-        prev = ch
-    return False
-
-
-def _unmask(obj: Any, values: list[str]) -> Any:
-    if isinstance(obj, str):
-        return _PLACEHOLDER_RE.sub(lambda m: values[int(m.group(1))], obj)
-    if isinstance(obj, list):
-        return [_unmask(v, values) for v in obj]
-    if isinstance(obj, dict):
-        return {k: _unmask(v, values) for k, v in obj.items()}
-    return obj
-
-
-def _line_index(node: yaml.Node, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], int]]:
-    yield path, node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            key = k.value
-            yield (*path, key), k.start_mark.line + 1
-            for sub, line in _line_index(v, (*path, key)):
-                if sub != (*path, key):
-                    yield sub, line
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            yield from _line_index(v, (*path, i))
-
-
-def _nearest_line(lines: dict[tuple[str | int, ...], int], loc: tuple[Any, ...]) -> int | None:
-    for n in range(len(loc), -1, -1):
-        if loc[:n] in lines:
-            return lines[loc[:n]]
-    return None
-
-
-def _dotted(loc: tuple[Any, ...], data: Any) -> str:
-    """`agents[1].models[0]` → `agents[planner].models[0]` where a list item has a name."""
-    out = ""
-    node = data
-    for part in loc:
-        if isinstance(part, int):
-            name = (
-                node[part].get("name")
-                if isinstance(node, list) and part < len(node) and isinstance(node[part], dict)
-                else None
-            )
-            out += f"[{name}]" if isinstance(name, str) else f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-        try:
-            node = node[part]
-        except (KeyError, IndexError, TypeError):
-            node = None
-    return out
+        raise ConfigError(msg + more, file=file, line=nearest_line(lines, loc), key=dotted(loc, data)) from exc
+    config._source = ConfigSource(file, lines, data)
+    return config

@@ -31,9 +31,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.bench.workloads import Step, Workflow, make_workflow
-from router.config import Config
-from router.errors import ChimeraError
+from chimera_bench.workloads import Step, Workflow, make_workflow
+from router.core.config import Config
+from router.core.errors import ChimeraError
 
 
 @dataclass

@@ -35,10 +35,10 @@ from predictor.prefix import PrefixIndex
 from predictor.prior import WorkerProfile, changed_profiles, worker_profiles
 from predictor.sketch import prefix_hashes, prompt_text, task_text, text_features
 from predictor.window import TrainingWindow
-from router.config import Config, PredictorConfig
+from router.core.config import Config, PredictorConfig
+from router.core.types import BackendView, RequestFeatures
 from router.requestlog import RequestRecord
-from router.state.base import FleetState
-from router.types import BackendView, RequestFeatures
+from router.state.base import PrefixGossip
 
 log = logging.getLogger("chimera.predictor")
 
@@ -59,7 +59,7 @@ class PredictorRuntime:
         self._task: asyncio.Task[None] | None = None
         self.refits = 0
 
-    def share_through(self, state: FleetState) -> None:
+    def share_through(self, state: PrefixGossip) -> None:
         """Exchange prefix-index news with the other gateways on ``state`` (a no-op for memory)."""
         self._share = state.share_prefix
         state.on_shared_prefix(self._learn_shared)

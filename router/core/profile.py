@@ -1,6 +1,6 @@
-"""Hardware profiles of the simulated vLLM worker.
+"""The worker profile format: one model on one GPU, as the predictor and the simulator read it.
 
-A profile is a JSON file (``backends/sim/profiles/<name>.json``) describing one model on one GPU:
+A profile is a JSON file (``router/core/profiles/<name>.json``) describing one model on one GPU:
 its KV budget, the scheduler knobs vLLM ran with, and a linear model of one engine step's duration
 over per-step features (see :data:`STEP_FEATURES`). Profiles are measured on real hardware by
 ``scripts/calibrate``; this module only reads and validates them.
@@ -14,25 +14,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.sim.textgen import TOKENIZER_KINDS, WORDS_TOKENIZER, Tokenizer
+from router.core.errors import ProfileError
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+
+#: How a served model turns prompts into token ids: ``words`` (one token per whitespace-separated word)
+#: or ``wordlevel`` (the word-level vocabulary of the random-weight test models; see the simulator's
+#: ``backends.sim.textgen.Tokenizer``).
+TOKENIZER_KINDS = ("words", "wordlevel")
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """A profile's ``tokenizer`` section: which tokenizer kind the served model uses, and its vocabulary."""
+
+    kind: str = "words"
+    vocab_size: int = 151936
+
 
 #: Features of one engine step that the step-time model is linear in.
 #: base: 1 per step; prefill_tokens: tokens prefilled (sum of chunk lengths); decode_seqs: sequences
 #: decoding one token; decode_context_tokens: sum of the KV lengths of those sequences;
 #: prefill_attn_mtok2: sum over prefill chunks of len * (start + len / 2) / 1e6 (causal attention work).
 STEP_FEATURES = ("base", "prefill_tokens", "decode_seqs", "decode_context_tokens", "prefill_attn_mtok2")
-
-
-class ProfileError(ValueError):
-    """A profile or a simulator setting is unusable; the message is one line. ``setting``: the
-    simulator setting at fault (a ``SimSettings`` field, as ``chimera sim`` names its flag), or
-    ``""`` where it is the profile itself."""
-
-    def __init__(self, message: str, *, setting: str = "") -> None:
-        super().__init__(message)
-        self.setting = setting
 
 
 @dataclass(frozen=True)
@@ -146,9 +150,9 @@ class Profile:
     #: The share of the linear model's step time that is GPU work (the rest is the engine's CPU work:
     #: scheduler, sampler, launches). Matters only for workers that share a GPU (backends/sim/gpu.py).
     gpu_share: float = 1.0
-    #: How prompts become token ids (``textgen.Tokenizer``): the sim's own words unless the profile
+    #: How prompts become token ids (:class:`TokenizerSpec`): the sim's own words unless the profile
     #: names the real test models' word-level tokenizer (what the H200 comparison runs served).
-    tokenizer: Tokenizer = WORDS_TOKENIZER
+    tokenizer: TokenizerSpec = TokenizerSpec()
     #: vLLM's async scheduling (on by default since ~0.20 for a plain generative model): the engine
     #: schedules step N+1 while step N runs, so a request that reaches a busy engine's queue during
     #: step N is first scheduled in step N+2 (one step later than a synchronous scheduler).
@@ -291,15 +295,15 @@ def _flag(source: str, key: str, value: Any) -> bool:
     return value
 
 
-def _tokenizer(source: str, raw: dict[str, Any]) -> Tokenizer:
+def _tokenizer(source: str, raw: dict[str, Any]) -> TokenizerSpec:
     sec = _section(source, raw, "tokenizer", ("kind", "vocab_size"))
     kind = sec.get("kind", "words")
     if kind not in TOKENIZER_KINDS:
         known = ", ".join(TOKENIZER_KINDS)
         raise ProfileError(f"profile {source}: tokenizer.kind must be one of {known}, got {kind!r}")
     if "vocab_size" not in sec:
-        return Tokenizer(kind)
-    return Tokenizer(kind, _int(source, "tokenizer.vocab_size", sec["vocab_size"]))
+        return TokenizerSpec(kind)
+    return TokenizerSpec(kind, _int(source, "tokenizer.vocab_size", sec["vocab_size"]))
 
 
 def _jitter(source: str, overhead: dict[str, Any]) -> float:

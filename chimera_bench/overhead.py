@@ -1,6 +1,6 @@
 """`chimera bench --workload overhead`: what the gateway adds in front of a worker that costs nothing.
 
-A :mod:`router.bench.fastworker` process answers at once; the same open-loop Poisson stream of
+A :mod:`chimera_bench.fastworker` process answers at once; the same open-loop Poisson stream of
 small streamed chat requests goes to it directly and then through a gateway, at each rate. The
 client is a bare asyncio HTTP/1.1 client (keep-alive pool of at most 128 connections, chunked
 bodies) so that it stays far cheaper than what it measures. Latency runs from a request's
@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from router.bench import gateway_proc
-from router.bench.stats import quantiles
+from backends.listen import free_port, wait_ready
+from chimera_bench import gateway_proc
+from chimera_bench.stats import quantiles
 
 MAX_CONNECTIONS = 128  # like `vllm bench serve --max-concurrency`: an overloaded server queues, not drowns
 _PROMPT = [{"role": "user", "content": "say eight short words about routers please"}]
@@ -140,7 +141,7 @@ def run_overhead(
     console = Console(stderr=True)
     dest = Path(out)
     (dest / "logs").mkdir(parents=True, exist_ok=True)
-    wport, gport = gateway_proc.free_port(), gateway_proc.free_port()
+    wport, gport = free_port(), free_port()
     cfg_path = dest / "overhead-config.yaml"
     cfg_path.write_text(CONFIG.format(gw_port=gport, worker_port=wport), encoding="utf-8")
     can_pin = pin and hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
@@ -149,10 +150,10 @@ def run_overhead(
     worker_url, gw_url = f"http://127.0.0.1:{wport}", f"http://127.0.0.1:{gport}"
     entries: list[dict[str, Any]] = []
     before = os.sched_getaffinity(0) if can_pin else None
-    worker = gateway_proc.start([sys.executable, "-m", "router.bench.fastworker", "--port", str(wport)],
+    worker = gateway_proc.start([sys.executable, "-m", "chimera_bench.fastworker", "--port", str(wport)],
                                 dest / "logs" / "fastworker.log", cpu=client_cpu)  # fmt: skip
     try:
-        gateway_proc.wait_ready(worker_url, worker, path="/health")
+        wait_ready(worker_url + "/health", proc=worker)
         if client_cpu is not None:
             os.sched_setaffinity(0, {client_cpu})
         for rate in rates:
@@ -180,7 +181,7 @@ def run_overhead(
 def _gateway(cfg: str, port: int, log: Path, cpu: int | None, profile: str | None) -> Any:
     proc = gateway_proc.start(gateway_proc.command(cfg, port, policy=None, profile=profile), log, cpu=cpu)
     try:
-        gateway_proc.wait_ready(f"http://127.0.0.1:{port}", proc)
+        wait_ready(f"http://127.0.0.1:{port}/ready", proc=proc)
         yield proc
     finally:
         gateway_proc.stop(proc, timeout_s=30.0)
@@ -205,7 +206,7 @@ def _entry(rate: float, direct: dict[str, Any], via: dict[str, Any], duration_s:
         "direct": {"requests": direct["requests"], "errors": direct["errors"], "error_kinds": direct["error_kinds"],
                    "reconnects": direct["reconnects"], "e2e_ms": direct["e2e_ms"]},
         "config": {"workload": "overhead", "rate": rate, "duration_s": duration_s, "warmup_s": warmup_s,
-                   "worker": "router.bench.fastworker (8 tokens, streamed)", "client": "raw asyncio HTTP/1.1",
+                   "worker": "chimera_bench.fastworker (8 tokens, streamed)", "client": "raw asyncio HTTP/1.1",
                    "pinning": f"gateway on core {cores[0]}; worker and client on core {cores[1]}"
                    if pinned else "none", "latency": "scheduled arrival to end of body; ttft_ms = e2e_ms"},
     }  # fmt: skip

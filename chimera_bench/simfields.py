@@ -14,7 +14,7 @@ in front of one vLLM worker and, for completions only:
 Everything else (``/health``, ``/metrics``, ``/v1/models``, ``/reset_prefix_cache``) passes through
 unchanged. The gateway never sees this: it routes to the proxy's URL as to any worker. Bench-only.
 
-    python -m backends.simfields --port 9001 --upstream http://127.0.0.1:8001 --profile h200-qwen2.5-0.5b
+    python -m chimera_bench.simfields --port 9001 --upstream http://127.0.0.1:8001 --profile h200-qwen2.5-0.5b
 """
 
 from __future__ import annotations
@@ -27,13 +27,11 @@ from typing import Any
 
 import httpx2 as httpx
 
-from backends.asgi import read_body
 from backends.sim.textgen import chat_text, draw_answer
 from backends.transport import WORKER_KEEPALIVE_S, AiohttpTransport
+from router.core.asgi import Scope, read_body
 from router.proxy import run_until_disconnect
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
 _HOP = {b"host", b"content-length", b"transfer-encoding", b"connection"}
 
 
@@ -185,10 +183,10 @@ async def _reply(send: Any, status: int, body: bytes) -> None:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    from backends.sim.profile import load_profile
+    from router.core.profile import load_profile
     from router.wire import SERVER_OPTIONS
 
-    p = argparse.ArgumentParser(prog="python -m backends.simfields", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m chimera_bench.simfields", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--upstream", required=True, help="the vLLM worker, http://host:port")

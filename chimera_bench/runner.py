@@ -20,12 +20,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from router.bench import client as bc
-from router.bench import gateway_proc
-from router.bench.stats import latencies, summarize
-from router.bench.workloads import WORKLOADS, make_workflow
-from router.config import Config, load_config
-from router.errors import ChimeraError, ConfigError
+from backends.listen import free_port, wait_ready
+from chimera_bench import client as bc
+from chimera_bench import gateway_proc
+from chimera_bench.stats import latencies, summarize
+from chimera_bench.workloads import WORKLOADS, make_workflow
+from router.core.config import Config, load_config
+from router.core.errors import ChimeraError, ConfigError
 from router.serve import preflight, running_sims
 
 ROLES_OF = {"codegen": ("planner", "coder", "tester"), "math": ("solver", "verifier"), "chat": ("chat",)}
@@ -56,7 +57,8 @@ def validate(spec: BenchSpec) -> Config:
     from router.policies import available
 
     cfg = load_config(spec.config_path)
-    preflight(cfg, spec.config_path, request_log=False)  # a model that does not load: one line, not a dead gateway
+    # a model that does not load: one line, not a dead gateway
+    preflight(cfg, spec.config_path, request_log=False, warn=False)
     if spec.workload not in WORKLOADS:
         raise ConfigError(f"unknown workload {spec.workload!r} (one of {', '.join((*WORKLOADS, 'overhead'))})",
                           key="--workload")  # fmt: skip
@@ -119,7 +121,7 @@ def run_bench(spec: BenchSpec) -> list[dict[str, Any]]:
                 raw.setdefault(key, {}).setdefault(name, []).extend(values)
             (out / "results.json").write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
     (out / "latencies.json").write_text(json.dumps(raw) + "\n", encoding="utf-8")
-    from router.bench import report
+    from chimera_bench import report
 
     report.print_table(entries, console=None if console.is_terminal else Console(width=220), speedup=speedup)
     if spec.plots:
@@ -135,13 +137,13 @@ def run_one(
     tag = f"{policy}-{kind}{load:g}-s{seed}"
     # The bench starts the sims itself, so each gets a free port: a config's fixed ports may be taken
     # by anyone else on a shared machine.
-    urls = {b.name: f"http://127.0.0.1:{gateway_proc.free_port()}" for b in cfg.backends if b.sim is not None}
+    urls = {b.name: f"http://127.0.0.1:{free_port()}" for b in cfg.backends if b.sim is not None}
     fleet_cfg = gateway_proc.with_overrides(cfg, speedup=spec.speedup, urls=urls)
     horizon = spec.warmup_s + spec.duration_s
     drain = spec.drain_s if spec.drain_s is not None else max(30.0, horizon)
     log = bc.RunLog()
     with running_sims(fleet_cfg.backends):
-        port = gateway_proc.free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         state = replica_state(cfg.gateway.state, tag) if spec.replicas > 1 else None
         gws, gw_logs = [], []
@@ -155,7 +157,7 @@ def run_one(
         try:
             for gw, where in zip(gws, gw_logs, strict=True):
                 try:
-                    gateway_proc.wait_ready(url, gw, log_file=where)
+                    wait_ready(url + "/ready", proc=gw, log_file=where)
                 except ChimeraError as exc:
                     workers = ", ".join(f"{b.name} {b.url}" for b in fleet_cfg.backends)
                     raise ChimeraError(f"the bench's gateway did not come up ({exc}); its workers: {workers}; "
@@ -289,7 +291,7 @@ def _client_pool(n: int) -> ProcessPoolExecutor | None:
 
 def _profile_digest(name: str) -> str | None:
     """Which version of a sim profile a run used (profiles get recalibrated between runs)."""
-    from backends.sim.profile import PROFILE_DIR
+    from router.core.profile import PROFILE_DIR
 
     path = Path(name) if name.endswith(".json") else PROFILE_DIR / f"{name}.json"
     try:

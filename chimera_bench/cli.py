@@ -3,17 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import signal
 import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-from router.errors import ConfigError
+from router.core.errors import ChimeraError, ConfigError
 
 EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by Ctrl-C: not a complete run
 
 T = TypeVar("T")
+
+#: What the bench imports beyond serving: the ``bench`` extra.
+EXTRA_MODULES = ("openai", "matplotlib", "rich")
+
+
+def check_extra() -> None:
+    """ChimeraError (one line) when the ``bench`` extra is not installed."""
+    missing = [m for m in EXTRA_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ChimeraError(
+            f"chimera bench needs the bench extra (missing: {', '.join(missing)}): pip install 'chimera-router[bench]'"
+        )
 
 
 def _csv(kind: Callable[[str], T], what: str) -> Callable[[str], tuple[T, ...]]:
@@ -92,20 +105,21 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_extra()
     _check(args)
     # SIGTERM as SystemExit, so the `finally` blocks stop the sims and gateways this bench started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seeds = tuple(args.seeds) if args.seeds else (args.seed,)
     if args.workload == "overhead":
-        from router.bench.overhead import run_overhead
+        from chimera_bench.overhead import run_overhead
 
         run_overhead(rates=args.rate or (200.0,), duration_s=args.duration, warmup_s=args.warmup, out=args.out,
                      pin=not args.no_pin, seed=seeds[0])  # fmt: skip
         return 0
     if not args.config:
         raise ConfigError("--config is required for this workload", key="--config")
-    from router.bench.runner import BenchSpec, run_bench
-    from router.config import load_config
+    from chimera_bench.runner import BenchSpec, run_bench
+    from router.core.config import load_config
 
     policies = args.policies or (load_config(args.config).gateway.policy,)
     spec = BenchSpec(

@@ -1,0 +1,61 @@
+"""Options that do nothing where they stand: ``chimera check`` prints them, the gateway logs them at start-up.
+
+Each warning is one line, ``file:line: key: message``, and says what would give the option its
+meaning. They are warnings, not errors and not silent defaults: a config that sets ``on_overload:
+reject`` without ``gateway.admission`` is most likely a config whose author expects 429s, but
+turning admission control on for them would hold every agent's requests at the gateway (a queue
+with its own limits and waits) — a change of behaviour nobody asked for. So the gateway serves the
+config as written and says which lines have no effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from router.core.config import Config
+from router.policies import OPTIONS_READ, USES_PREDICTOR
+
+
+def inert_options(config: Config) -> list[str]:
+    """One line per option that has no effect in this config (only options the file sets)."""
+    return [str(config.error(loc, message)) for loc, message in _inert(config)]
+
+
+def _inert(config: Config) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    g = config.gateway
+    policy = g.policy
+    predictive = policy in USES_PREDICTOR
+    priority_workers = any(b.scheduling_policy == "priority" for b in config.backends)
+    read = OPTIONS_READ.get(policy, frozenset())
+    for key in sorted(g.policy_options.model_fields_set - read):
+        users = sorted(p for p, opts in OPTIONS_READ.items() if key in opts)
+        yield ("gateway", "policy_options", key), f"does nothing with policy {policy} (read by {', '.join(users)})"
+    if g.engine_priority.model_fields_set and not priority_workers:
+        yield ("gateway", "engine_priority"), "does nothing: no backend has scheduling_policy: priority"
+    elif g.engine_priority.tokens_per_level is not None and not predictive:
+        yield (
+            ("gateway", "engine_priority", "tokens_per_level"),
+            (f"does nothing with policy {policy}: the predicted tokens left come from the predictive policy"),
+        )
+    if g.admission is not None and "degrade_max_tokens" in g.admission.model_fields_set:
+        if not any(a.on_overload == "degrade" for a in config.agents):
+            yield ("gateway", "admission", "degrade_max_tokens"), "does nothing: no agent has on_overload: degrade"
+    pc = g.predictor
+    if pc is not None and pc.save is not None and pc.refit_interval_s == 0:
+        yield ("gateway", "predictor", "save"), "does nothing with refit_interval_s: 0 (no online refit to save)"
+    for i, a in enumerate(config.agents):
+        if g.admission is None and "on_overload" in a.model_fields_set:
+            yield (
+                ("agents", i, "on_overload"),
+                (
+                    f"{a.on_overload} does nothing without gateway.admission (add `admission: {{}}` under gateway: "
+                    "to queue, reject or degrade when workers are full)"
+                ),
+            )
+        if a.min_quality is not None and not predictive:
+            yield ("agents", i, "min_quality"), f"does nothing with policy {policy}: only predictive predicts quality"
+        if "priority" in a.model_fields_set and g.admission is None and not priority_workers:
+            yield (
+                ("agents", i, "priority"),
+                ("does nothing without gateway.admission or a backend with scheduling_policy: priority"),
+            )

@@ -1,0 +1,78 @@
+"""Options that do nothing where they stand: `chimera check` and the gateway's start-up say so."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router.checks import inert_options
+from router.core.config import load_config
+from router.serve import preflight
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FLEET = """\
+backends:
+  - {name: w, url: "http://127.0.0.1:9", model: m, kv_budget_tokens: 1000}
+"""
+
+
+def _write(tmp_path: Path, gateway: str, agent: str = "") -> Path:
+    path = tmp_path / "c.yaml"
+    agents = f"agents:\n  - name: batch\n    models: [m]\n{agent}"
+    path.write_text(f"gateway:\n  policy: round_robin\n{gateway}{FLEET}{agents}")
+    return path
+
+
+def test_on_overload_without_admission_is_named_with_its_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "", "    on_overload: reject\n")
+    proc = subprocess.run([sys.executable, "-m", "router.cli", "check", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"warning: {path}:8: agents[batch].on_overload: reject does nothing without gateway.admission "
+        "(add `admission: {}` under gateway: to queue, reject or degrade when workers are full)"
+    ]
+
+
+def test_with_admission_on_overload_has_its_meaning(tmp_path: Path) -> None:
+    assert inert_options(load_config(_write(tmp_path, "  admission: {}\n", "    on_overload: reject\n"))) == []
+
+
+@pytest.mark.parametrize(
+    ("gateway", "agent", "key"),
+    [
+        ("  policy_options: {latency_slack: 1.5}\n", "", "gateway.policy_options.latency_slack"),
+        ("  policy_options: {long_tag: big}\n", "", "gateway.policy_options.long_tag"),
+        ("", "    min_quality: 0.6\n", "agents[batch].min_quality"),
+        ("", "    priority: 0\n", "agents[batch].priority"),
+        ("  engine_priority: {aging_s: 2}\n", "", "gateway.engine_priority"),
+        ("  admission: {degrade_max_tokens: 64}\n", "", "gateway.admission.degrade_max_tokens"),
+        ("  predictor: {save: m.pkl, refit_interval_s: 0}\n", "", "gateway.predictor.save"),
+    ],
+)
+def test_each_inert_option_is_named(tmp_path: Path, gateway: str, agent: str, key: str) -> None:
+    lines = inert_options(load_config(_write(tmp_path, gateway, agent)))
+    assert len(lines) == 1 and f": {key}: does nothing" in lines[0], lines
+
+
+def test_defaults_and_options_that_apply_are_not_named(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"gateway:\n  policy: predictive\n  policy_options: {{latency_slack: 1.5}}\n{FLEET}"
+                    "agents:\n  - {name: batch, models: [m], min_quality: 0.5}\n")  # fmt: skip
+    assert inert_options(load_config(path)) == []
+    assert inert_options(load_config(ROOT / "examples" / "quickstart.yaml")) == []
+
+
+def test_the_gateway_logs_them_at_start_up(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _write(tmp_path, "", "    on_overload: degrade\n")
+    with caplog.at_level(logging.WARNING):
+        preflight(load_config(path), str(path), request_log=False)
+    assert [r.getMessage() for r in caplog.records if "on_overload" in r.getMessage()] == [
+        f"{path}:8: agents[batch].on_overload: degrade does nothing without gateway.admission "
+        "(add `admission: {}` under gateway: to queue, reject or degrade when workers are full)"
+    ]
