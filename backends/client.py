@@ -9,7 +9,7 @@ between-chunk deadline.
 The client is ``httpx2`` (pydantic's maintained successor of httpx, same API; the openai SDK
 uses it too) and the one :func:`make_http_client` builds sends through
 :class:`backends.transport.AiohttpTransport`: httpcore's pool polls every idle connection on each
-request, and with it the client side of a proxied request cost ~3x aiohttp's (docs/BENCH.md,
+request, and with it the client side of a proxied request cost ~3x aiohttp's (docs/benchmarks.md,
 "Gateway overhead"). ``httpx`` below means ``httpx2``.
 
 Every httpx error is translated here into a :class:`router.core.errors.WorkerError` subclass

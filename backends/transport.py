@@ -4,7 +4,7 @@
 the gateway keeps one ``httpx.AsyncClient`` API (and tests keep ``MockTransport``) while the
 bytes move through aiohttp, whose HTTP parser and pool are C-accelerated: with the gateway on one
 core, the client side of a proxied request costs about half of httpcore's
-(docs/BENCHMARKS.md, "Gateway: the worker client's connection pool").
+(docs/benchmarks.md, "Gateway: the worker client's connection pool").
 
 It does what ``httpx-aiohttp``'s transport does, with two differences that matter to a gateway:
 

@@ -20,7 +20,7 @@ Without them one offset per model averages the two cases (measured 2026-11-30: t
 predicted the *best* checker, 0.96 against 0.93, of correct and of wrong answers alike, while it
 passed 85 % of the correct ones the others passed 98 % of). Off by default: on the bench's logs they
 rank the checks right (Brier on them -8 %) but fit noise in the doers' verdicts (+5 %), and the
-routing came out no better (docs/PREDICTOR.md, "wrong_answer_s re-chosen"). A pooled regression over every role is
+routing came out no better (docs/predictor.md). A pooled regression over every role is
 the fallback for an agent unseen in training. Each (role, model) estimate is shrunk toward the
 profile's prior by ``prior_strength`` pseudo-samples — ``(n · p + k · prior) / (n + k)`` — and a
 model without feedback keeps its prior.

@@ -142,7 +142,7 @@ def serving_gc() -> Iterator[None]:
     are freed by reference counting, but under the default threshold those of the requests in flight
     set off a young collection every other request and get promoted, which soon brings a full pass
     over every object of the process: ~12 % of the gateway's CPU and 20-60 ms pauses at 2k requests/s
-    (docs/BENCH.md, "Gateway overhead"). Undone on exit (the collector is process-wide)."""
+    (docs/benchmarks.md, "Gateway overhead"). Undone on exit (the collector is process-wide)."""
     before = gc.get_threshold()
     gc.freeze()
     gc.set_threshold(before[0] and max(before[0], YOUNG_GC_THRESHOLD), *before[1:])  # 0: collection is off

@@ -3,7 +3,7 @@
 The gateway logs one audit line per completion request (``router.audit``). Written where it is
 logged, each line would be a blocking write on the event loop; handed to a thread one by one
 (``logging.handlers.QueueListener``), each costs a thread wake-up instead, which measured ~9 % of a
-proxied request's CPU on the gateway's core (docs/BENCH.md, "Gateway overhead"). Here the loop
+proxied request's CPU on the gateway's core (docs/benchmarks.md, "Gateway overhead"). Here the loop
 only appends the record to a deque; a thread wakes every ``interval_s``, takes what has gathered
 and passes it to the original handlers, a plain stream or file handler getting the batch's lines
 in one write. A line reaches its destination at most ``interval_s`` (50 ms) late; what is still

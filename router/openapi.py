@@ -1,6 +1,6 @@
 """``GET /openapi.json``: an OpenAPI 3.1 description of the gateway's HTTP surface.
 
-Written by hand from the public contract (docs/CONTRACT), not derived from the handlers: the
+Written by hand from the public contract (docs/http-api.md), not derived from the handlers: the
 handlers validate only what routing needs and pass the body on, so a schema generated from them
 would say less than what a client may send. The request schemas are the OpenAI bodies as far as
 the gateway reads them; ``additionalProperties`` stays open because unknown fields go to the worker

@@ -15,7 +15,7 @@ pressure preempts the running request last in that order. For a backend configur
   first — Chimera's shortest-remaining-workflow-first with aging.
 
 In thousandths of a level, as vLLM's field is an integer. A worker under ``fcfs`` ignores the field (vLLM 0.26
-takes it and does nothing with it; checked on the lent H200), so its body is left as the caller sent it.
+takes it and does nothing with it; checked on an H200), so its body is left as the caller sent it.
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ class HeadFirstProtocol(HttpToolsProtocol):
 #: How long the gateway keeps an idle client connection open. Longer than its clients keep theirs: the openai SDK's
 #: and httpx's pools reuse an idle connection for up to 5 s, uvicorn's default close is also at 5 s, and a request
 #: sent as the server closes its connection fails with a read error (a POST is not retried by httpx; the soak saw
-#: it, docs/RELIABILITY.md). 75 s also outlasts a load balancer's usual 60-s idle timeout in front of the gateway.
+#: it, docs/benchmarks.md). 75 s also outlasts a load balancer's usual 60-s idle timeout in front of the gateway.
 CLIENT_KEEPALIVE_S = 75
 
 # How the gateway's uvicorn server runs, for `chimera serve` and the bench's gateway processes alike:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("router", "backends", "predictor")
+PACKAGES = ("router", "backends", "predictor", "chimera_bench")
 
 
 def _modules() -> list[str]:

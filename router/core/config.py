@@ -27,7 +27,7 @@ PosInt = Annotated[int, Field(gt=0)]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -48,47 +48,71 @@ class SLA(_Frozen):
     """Latency objectives of an agent; ``None`` means no objective of that kind."""
 
     ttft_ms: PosFloat | None = None
+    """Time to first token, milliseconds (p50 objective per request)."""
     tpot_ms: PosFloat | None = None
+    """Time per output token after the first, milliseconds."""
     e2e_ms: PosFloat | None = None
+    """Whole request, milliseconds."""
 
 
 class SimSpec(_Frozen):
     """A simulated worker that ``chimera serve`` starts at the backend's URL."""
 
     profile: str
+    """The worker profile it simulates: a shipped name (`h200-qwen2.5-7b`) or a profile JSON file."""
     speedup: PosFloat = 1.0
+    """Run this many times faster than the profile's GPU (the gateway scales its predictions to match)."""
     seed: int = 0
+    """Seed of the simulated answers' lengths and verdicts."""
     kv_tokens: PosInt | None = None
+    """KV cache size in tokens (default: the profile's)."""
     max_num_seqs: PosInt | None = None
+    """vLLM's `--max-num-seqs` (default: the profile's)."""
     max_num_batched_tokens: PosInt | None = None
+    """vLLM's `--max-num-batched-tokens` (default: the profile's)."""
 
 
 class LaunchSpec(_Frozen):
     """A real vLLM worker that ``chimera workers up`` starts."""
 
     hf_model: str
+    """The Hugging Face model (or local path) vLLM serves."""
     gpu: NonNegInt = 0
+    """The GPU it is pinned to (`CUDA_VISIBLE_DEVICES`)."""
     kv_cache_gib: PosFloat
+    """Its fixed KV budget in GiB (vLLM's `--kv-cache-memory-bytes`)."""
     extra_args: tuple[str, ...] = ()
+    """More `vllm serve` arguments, passed as they are."""
 
 
 class BackendConfig(_Frozen):
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    """Unique worker name (letters, digits, `_.:-`): in `/fleet`, metrics, logs and `X-Chimera-Backend`."""
     url: str
+    """The worker's base URL, `http(s)://host:port` without a path."""
     model: Annotated[str, Field(min_length=1)]
+    """The model name the worker serves (its `--served-model-name`)."""
     kv_budget_tokens: PosInt
+    """The worker's fixed KV budget in tokens: the capacity admission control and the policies reserve against."""
     max_model_len: PosInt = 8192
+    """The worker's context length; longer requests are not sent to it."""
     gpu: NonNegInt | None = None
+    """The GPU the worker is pinned to (informational for `url` backends; simulated workers on one GPU share it)."""
     tags: tuple[str, ...] = ()
+    """Labels shown in `/fleet`; `length_split` sends long prompts to workers tagged `policy_options.long_tag`."""
     sim: SimSpec | None = None
+    """Start a simulated vLLM worker at `url` (`chimera serve` does)."""
     launch: LaunchSpec | None = None
-    profile: str | None = None  # hardware profile (h200-* name or JSON path) for the predictor's prior
-    # what the worker runs (vLLM's --scheduling-policy); under "priority" the gateway sends each request's
-    # priority in its body (router.priority), and `chimera serve` / `chimera workers up` start it that way
+    """Start a real vLLM worker at `url` (`chimera workers up` does)."""
+    profile: str | None = None
+    """The worker profile the predictor's prior uses: a shipped name or a `chimera profile` JSON file (default: the
+    `sim:` profile, else a guess from the model name)."""
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    # the worker's own API key (vLLM's --api-key / VLLM_API_KEY): sent as `Authorization: Bearer` on every
-    # request the gateway makes to it (never the caller's key), and given to the vLLM `chimera workers up` starts
+    """What the worker runs (vLLM's `--scheduling-policy`); under `priority` the gateway sends each request's priority
+    in its body, and `chimera serve` / `chimera workers up` start it that way."""
     api_key: str | None = None
+    """The worker's own API key (vLLM's `--api-key`): sent as `Authorization: Bearer` on every request to it (never the
+    caller's key)."""
 
     @field_validator("api_key")
     @classmethod
@@ -133,109 +157,165 @@ class BackendConfig(_Frozen):
 
 class AgentConfig(_Frozen):
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    """Unique agent name (letters, digits, `_.:-`); callers name it with `X-Agent` where no agent has keys."""
     api_keys: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+    """Keys that identify this agent (`Authorization: Bearer KEY`); `${VAR}` reads one from the environment."""
     models: Annotated[tuple[str, ...], Field(min_length=1)]
+    """The served models this agent may use; `model: auto` lets the router choose among them."""
     sla: SLA = SLA()
+    """The agent's latency objectives (a request may tighten them with `x-slo-ttft-ms`, `x-slo-tpot-ms`)."""
     priority: NonNegInt = 1
+    """Lower is more urgent: ordering in admission control's queue and in priority-scheduled workers."""
     min_quality: Annotated[float, Field(ge=0, le=1)] | None = None
+    """The least predicted chance of a good answer the agent accepts (predictive policy)."""
     on_overload: Literal["queue", "reject", "degrade"] = "queue"
+    """When every worker is full (needs `gateway.admission`): wait in the queue, answer 429, or degrade (`max_tokens`
+    capped)."""
     rpm: PosInt | None = None
+    """Requests per minute the agent may send (429 beyond)."""
     tpm: PosInt | None = None
+    """Tokens per minute (prompt estimate + `max_tokens`) the agent may send (429 beyond)."""
 
 
 class Timeouts(_Frozen):
     """Worker-client timeouts, in seconds."""
 
     connect_s: PosFloat = 2.0
-    first_byte_s: PosFloat = 60.0  # streamed requests: until the first SSE byte (queueing + prefill)
+    """Connecting to a worker."""
+    first_byte_s: PosFloat = 60.0
+    """Streamed requests: until the first SSE byte (queueing and prefill)."""
     between_chunks_s: PosFloat = 30.0
-    response_s: PosFloat = 600.0  # non-streamed requests: the whole answer comes as its first byte
+    """Streamed requests: between two chunks."""
+    response_s: PosFloat = 600.0
+    """Non-streamed requests: the whole answer (it comes as its first byte)."""
 
 
 class HealthConfig(_Frozen):
     probe_interval_s: PosFloat = 1.0
+    """How often each worker's `/health` and `/metrics` are scraped."""
     probe_timeout_s: PosFloat = 1.0
+    """How long one probe may take."""
     eject_after_failures: PosInt = 3
+    """Consecutive failures (probes or requests) that take a worker out of rotation."""
     readmit_after_successes: PosInt = 1
-    # A worker that fails again before serving one request after its re-admission (on probation) is
-    # ejected at its first failure and kept out at least this long, doubling each time up to the max:
-    # a worker whose /health says ok while its completions fail stops costing retries (outlier ejection).
+    """Consecutive good probes that bring it back."""
     eject_backoff_s: Annotated[float, Field(ge=0)] = 1.0
+    """A worker that fails again before serving one request after its re-admission is kept out at least this long,
+    doubling each time (outlier ejection)."""
     eject_backoff_max_s: PosFloat = 60.0
+    """The longest such backoff."""
 
 
 class PolicyOptions(_Frozen):
-    long_prompt_tokens: PosInt = 2048  # length_split: prompts at or above this go to `long` workers
+    long_prompt_tokens: PosInt = 2048
+    """`length_split`: prompts of at least this many tokens go to workers tagged `long_tag`."""
     long_tag: str = "long"
-    latency_slack: Annotated[float, Field(ge=1.0)] = 1.3  # predictive: most capable worker within slack x fastest
-    affinity_load_ratio: Annotated[float, Field(ge=1.0)] = 2.0  # predictive: prefix affinity ignored above this
-    # worker's in-flight requests relative to the least loaded candidate (+ affinity_load_slack)
+    """`length_split`: the tag of the workers for long prompts."""
+    latency_slack: Annotated[float, Field(ge=1.0)] = 1.3
+    """`predictive` (with `wrong_answer_s: 0`): the most capable worker within this times the fastest's
+    predicted p90."""
+    affinity_load_ratio: Annotated[float, Field(ge=1.0)] = 2.0
+    """`predictive`: prefix-cache affinity is ignored on a worker with more than this times the least loaded
+    candidate's in-flight requests (plus `affinity_load_slack`)."""
     affinity_load_slack: NonNegInt = 4
-    # predictive: what a wrong answer costs the workflow (its retry), in modelled seconds like the SLOs;
-    # the policy takes the least e2e + P(wrong) x this (0: Chimera's slack rule alone)
+    """`predictive`: see `affinity_load_ratio`."""
     wrong_answer_s: Annotated[float, Field(ge=0)] = 2.0
-    # predictive: added to wrong_answer_s per stage of the request's workflow (x-workflow-stage, capped at 16):
-    # a wrong answer late in a workflow costs more (more done work rides on it, fewer retries are left);
-    # only with the expected-cost rule (wrong_answer_s > 0)
+    """`predictive`: what a wrong answer costs the workflow, in seconds; the policy takes the least `e2e + P(wrong) x
+    this` (0: Chimera's slack rule alone)."""
     wrong_answer_stage_s: Annotated[float, Field(ge=0)] = 0.0
-    # predictive: scale each worker's predicted TTFT and decode time by how its recent requests ran
-    # against their predictions (observed / predicted, an EWMA kept by the gateway; 1 until seen)
+    """`predictive`: added to `wrong_answer_s` per stage of the request's workflow (`x-workflow-stage`, capped at 16);
+    needs `wrong_answer_s > 0`."""
     latency_feedback: bool = True
+    """`predictive`: scale each worker's predicted TTFT and decode time by how its recent requests ran against their
+    predictions."""
 
 
 class PredictorConfig(_Frozen):
     """The learned latency predictor (``gateway.predictor``); its absence means a prior-only predictor
     where the policy is ``predictive``, and no predictor (no sketches, no refits) otherwise."""
 
-    model: str | None = None  # artifact from `chimera predictor train`, loaded at start-up
-    refit_interval_s: Annotated[float, Field(ge=0)] = 30.0  # 0: never refit online
-    window: PosInt = 5000  # completions kept for online refits (bucketed by load)
-    min_samples: PosInt = 300  # a refit needs at least this many completions in the window
-    save: str | None = None  # where online refits are written (default: not saved)
+    model: str | None = None
+    """A model file from `chimera predictor train`, loaded at start-up (default: the analytic prior)."""
+    refit_interval_s: Annotated[float, Field(ge=0)] = 30.0
+    """How often the gateway refits the predictor on its own traffic (0: never)."""
+    window: PosInt = 5000
+    """Completions kept for online refits (bucketed by load)."""
+    min_samples: PosInt = 300
+    """A refit needs at least this many completions in the window."""
+    save: str | None = None
+    """Where online refits are written (default: not saved)."""
 
 
 class AdmissionConfig(_Frozen):
     """Overload handling (``gateway.admission``; absent: every request is dispatched at once).
-    See docs/OVERLOAD.md."""
+    See docs/overload.md."""
 
-    kv_full_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8  # a worker is full when reservations reach this
-    max_waiting: NonNegInt | None = None  # ... or when vLLM reports more waiting requests than this
-    priority_headroom: Annotated[float, Field(ge=0, lt=1)] = 0.05  # each priority level below 0 may fill
-    # this much less of the ratio (priority 5: 0.8 x 0.75), so urgent agents always find room
-    max_queue: PosInt = 1000  # queued requests at most (beyond: 429)
-    max_queue_wait_s: PosFloat = 30.0  # the longest any request waits, SLA or not
-    aging_s: PosFloat = 5.0  # a queued request gains one priority level per aging_s waited
-    tick_s: PosFloat = 0.05  # the queue re-checks capacity this often (probes, other replicas)
-    degrade_max_tokens: PosInt = 256  # on_overload: degrade caps max_tokens to this
-    predicted_deadline: bool = True  # also unservable when the policy predicts a missed SLA
+    kv_full_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
+    """A worker is full when its reserved tokens reach this share of `kv_budget_tokens`."""
+    max_waiting: NonNegInt | None = None
+    """... or when it reports more waiting requests than this."""
+    priority_headroom: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    """Each priority level above 0 may fill this much less of `kv_full_ratio` (priority 5: 0.8 x 0.75), so urgent
+    agents always find room."""
+    max_queue: PosInt = 1000
+    """Queued requests at most (beyond: 429)."""
+    max_queue_wait_s: PosFloat = 30.0
+    """The longest any request waits in the queue, SLA or not."""
+    aging_s: PosFloat = 5.0
+    """A queued request gains one priority level per `aging_s` waited."""
+    tick_s: PosFloat = 0.05
+    """How often the queue re-checks capacity (probes, other replicas)."""
+    degrade_max_tokens: PosInt = 256
+    """`on_overload: degrade` caps `max_tokens` to this."""
+    predicted_deadline: bool = True
+    """Also refuse or queue a request the policy predicts would miss its SLA."""
 
 
 class EnginePriorityConfig(_Frozen):
     """The ``priority`` sent to workers with ``scheduling_policy: priority`` (``gateway.engine_priority``;
     see router/priority.py)."""
 
-    aging_s: PosFloat = 5.0  # a request sent this much later counts one priority level less urgent
-    # with the predictive policy: one level more per this many predicted output tokens left in the request's
-    # workflow (shortest-remaining-workflow first, as Chimera's scheduler); absent: agent priority and age only
+    aging_s: PosFloat = 5.0
+    """A request sent this much later counts one priority level less urgent."""
     tokens_per_level: PosFloat | None = None
+    """With the predictive policy: one level more per this many predicted output tokens left in the request's workflow
+    (shortest remaining workflow first)."""
 
 
 class GatewayConfig(_Frozen):
     host: str = "127.0.0.1"
+    """The address `chimera serve` listens on."""
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    """Its port."""
     state: str = "memory"
-    policy: str = "least_outstanding"  # a name of the policy registry (router.policies), checked at start-up
+    """Fleet state: `memory`, or a Redis URL shared by gateway replicas (`redis://HOST:PORT/DB`, `rediss://` for TLS,
+    `unix:///path`)."""
+    policy: str = "least_outstanding"
+    """The routing policy, a name of the policy registry (`router.policies`), checked at start-up
+    (docs/policies.md)."""
     policy_options: PolicyOptions = PolicyOptions()
+    """The policies' knobs."""
     request_log: str | None = None
+    """A JSON-lines file: one line per finished request (what `chimera predictor train` reads)."""
     max_body_bytes: PosInt = 4 * 1024 * 1024
+    """Larger request bodies are answered 413."""
     default_agent: str | None = None
+    """The agent of callers that name none (only where no agent has keys)."""
     max_attempts: PosInt = 3
+    """Workers tried per request before the first byte (retries on connect errors, timeouts, 5xx)."""
     timeouts: Timeouts = Timeouts()
+    """Worker-client timeouts."""
     health: HealthConfig = HealthConfig()
+    """Probing and ejection of workers."""
     predictor: PredictorConfig | None = None
-    admission: AdmissionConfig | None = None  # overload: admission, queues, degradation
+    """The learned predictor (absent: the analytic prior where the policy is `predictive`, no predictor otherwise)."""
+    admission: AdmissionConfig | None = None
+    """Overload handling: admission control, the priority queue, degradation (absent: every request is dispatched at
+    once)."""
     engine_priority: EnginePriorityConfig = EnginePriorityConfig()
-    admin_key: str | None = None  # when set, /fleet and /metrics need `Authorization: Bearer <admin_key>`
+    """The `priority` sent to workers with `scheduling_policy: priority`."""
+    admin_key: str | None = None
+    """When set, `/fleet` and `/metrics` need `Authorization: Bearer <admin_key>`."""
 
     @field_validator("admin_key")
     @classmethod
@@ -270,8 +350,11 @@ class ConfigSource:
 
 class Config(_Frozen):
     gateway: GatewayConfig = GatewayConfig()
+    """The gateway itself."""
     backends: Annotated[tuple[BackendConfig, ...], Field(min_length=1)]
+    """The workers (at least one)."""
     agents: Annotated[tuple[AgentConfig, ...], Field(min_length=1)]
+    """The agents (at least one)."""
     _source: ConfigSource = PrivateAttr(default_factory=ConfigSource)
 
     def error(self, loc: Loc, message: str) -> ConfigError:

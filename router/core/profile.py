@@ -59,7 +59,7 @@ class CudaGraph:
     and a large one GPU-bound (the linear model); ``--max-cudagraph-capture-size`` in vLLM.
     With ``eager_extra_decode_only`` a step that only prefills (no sequence decoding in it) does not pay
     ``eager_extra_s``: on the H200 the lone prompts' TTFTs hold no such cost, the eager decode and mixed steps do
-    (docs/CALIBRATION.md, "Four boots").
+    (docs/profiling.md).
     """
 
     max_tokens: int
@@ -95,7 +95,7 @@ class Frontend:
 #: The API server's streaming share is capped at the highest the split probes measured (0.68, the 0.5B with 64
 #: streams): past it vLLM coalesces tokens into fewer chunks, and the queueing formula, unmeasured there, would grow
 #: without bound. The sim's small models decode faster than the probed boots, so without the cap they would reach
-#: it at 64 streams and wait ~195 ms where the H200 waited 33-98 ms (docs/CALIBRATION.md).
+#: it at 64 streams and wait ~195 ms where the H200 waited 33-98 ms (docs/profiling.md).
 STREAM_RHO_MAX = 0.7
 
 
@@ -167,7 +167,7 @@ class Profile:
     #: How much the front end's constant varies request to request (``overhead_s.ttft_jitter``, seconds): each
     #: request's ``ttft_overhead_s`` is drawn evenly from ``ttft ± jitter / 2`` (seeded), so the median TTFT
     #: stays where the fit put it. Real vLLM's idle TTFT varies about ±4-5 ms request to request (10th-90th
-    #: percentile, docs/CALIBRATION.md); 0, the default, keeps the sim deterministic.
+    #: percentile, docs/profiling.md); 0, the default, keeps the sim deterministic.
     ttft_jitter_s: float = 0.0
 
 

@@ -97,7 +97,7 @@ def test_a_victim_scheduled_earlier_in_the_step_is_taken_back(make_engine: MakeE
 def test_an_fcfs_worker_ignores_a_priority_and_a_priority_worker_honours_it(
     sim_server: Callable[..., ServerThread],
 ) -> None:
-    # vLLM 0.26 takes the field under fcfs and ignores it (the lent H200, scripts/h200_priority.sh); so does the sim
+    # vLLM 0.26 takes the field under fcfs and ignores it (checked on an H200); so does the sim
     fcfs = sim_server(model="m")
     prio = sim_server(model="m", speedup=1.0, scheduling_policy="priority", max_num_seqs=1)
     with sdk(fcfs) as client:

@@ -322,7 +322,7 @@ def test_a_workflow_step_reuses_the_transcript_in_full_blocks_not_the_earlier_an
     # The bench's workflows (chimera_bench/workloads.py): each step sends the transcript so far with its own
     # instruction last, and the next step puts the answer where that instruction was. As in vLLM, only full
     # 16-token blocks of the common prefix are found; the answer, cached after the instruction, is found
-    # only by the step after next, which resends it at the same position (REAL_VLLM.md, "Rerun 5").
+    # only by the step after next, which resends it at the same position (as vLLM 0.26 does on an H200).
     srv = sim_server(profile=sim_profile(), speedup=5.0)
     system = {"role": "system", "content": words(100, "sys")}  # 101 tokens with the role
     task = {"role": "user", "content": words(60, "task")}  # 61

@@ -92,7 +92,7 @@ async def test_overhead_client_resends_on_a_connection_the_server_closed_while_i
 
 async def test_worker_counters_are_each_runs_own(sim_server: Callable[..., Any]) -> None:
     """vLLM's counters run from the worker's start; a bench run reports what it added (a real worker
-    serves many runs: summed since boot, Rerun 4's real prefix hit rates were off by half)."""
+    serves many runs: summed since boot, real vLLM's prefix hit rates would be off by half)."""
     srv = sim_server(model="m")
     workers = {"w": srv.url}
     prompt = [{"role": "user", "content": "alpha beta gamma delta " * 40}]

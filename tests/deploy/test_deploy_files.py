@@ -17,7 +17,7 @@ from router.core.config import Config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-# vLLM 0.26's metric families as an H200 run listed them (docs/../REFERENCES), as Prometheus names them
+# vLLM 0.26's metric families as an H200 run listed them, as Prometheus names them
 VLLM_METRICS = {
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason",
     "vllm:kv_cache_usage_perc", "vllm:cache_config_info", "vllm:num_preemptions", "vllm:prefix_cache_queries",

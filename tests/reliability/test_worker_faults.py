@@ -2,7 +2,7 @@
 a worker that accepts and then says nothing, one that stalls mid-stream, one that answers 500s or
 garbage and later recovers. Each test counts hung and lost requests (see harness.Outcome): 0 both.
 
-Figures (time to eject / re-admit) are printed and recorded in docs/RELIABILITY.md."""
+Figures (time to eject / re-admit) are printed and recorded in docs/benchmarks.md."""
 
 from __future__ import annotations
 

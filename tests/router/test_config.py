@@ -69,7 +69,6 @@ def test_good_config_loads_frozen_with_env_substituted(tmp_path: Path, monkeypat
         ("kv_budget_tokens: 200000", "kv_budget_tokens: -5",
          "12: backends[big-0].kv_budget_tokens: Input should be greater than 0"),
         ("max_body_bytes: 1000", "max_body_bytes: nope", "3: gateway.max_body_bytes"),
-        ("policy: least_kv", "policy: fastest", "2: gateway.policy"),
         ("    priority: 0\n", "    priority: 0\n    on_overload: panic\n", "20: agents[planner].on_overload"),
         # a boolean is not a number (pydantic's lax mode would read true as 1)
         ("kv_budget_tokens: 200000", "kv_budget_tokens: true",
