@@ -72,6 +72,57 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         "requests/s: one process's SDK adds queueing of its own)",
     )
     b.add_argument("--no-pin", action="store_true", help="overhead: do not pin processes to cores")
+    b.add_argument(
+        "--costs", type=_csv(float, "numbers"), metavar="W1,W2,...",
+        help="sweep the predictive policy's gateway.policy_options.wrong_answer_s (modelled seconds; 0: the slack "
+        "rule): predictive runs once per cost, as row predictive_w<cost>, the other --policies once; also writes "
+        "cost_frontier.png and prints the task success pooled over seeds (chimera_bench/sweep.py)",
+    )  # fmt: skip
+
+
+def add_collect_arguments(c: argparse.ArgumentParser) -> None:
+    """`chimera predictor collect` (chimera_bench/collect.py)."""
+    c.description = ("Run the bench's workloads through the gateway once per seed and rate, with a model-less "
+                     "gateway.predictor where the config has none (so every request's features are logged and every "
+                     "verdict is posted as feedback), and write the runs' request logs as one log for `chimera "
+                     "predictor train --log OUT`. The bench's own files stay in OUT.runs/.")  # fmt: skip
+    c.add_argument("--config", required=True, help="YAML config (its sim: workers are started per run)")
+    c.add_argument("--out", required=True, help="the request log to write (JSON lines), for `predictor train --log`")
+    c.add_argument("--workload", default="mixed", help="codegen | math | mixed | chat (default: mixed)")
+    c.add_argument("--policies", type=_csv(str, "policy names"), default=("round_robin",),
+                   help="the routing while collecting (default round_robin: every model answers)")  # fmt: skip
+    c.add_argument("--rate", type=_csv(float, "numbers"), default=(1.0, 2.0, 3.0, 4.0),
+                   help="workflows/s, one run each (default 1,2,3,4: give rates from light to heavy load for your "
+                   "fleet, wall clock)")  # fmt: skip
+    c.add_argument("--seeds", type=_csv(int, "integers"), default=(1,), help="one run per seed and rate (default 1)")
+    c.add_argument("--duration", type=float, default=20.0, help="measured seconds per run, after the warm-up")
+    c.add_argument("--warmup", type=float, default=3.0)
+    c.add_argument("--drain", type=float, help="seconds to wait for in-flight workflows after the arrivals end")
+    c.add_argument("--speedup", type=float, help="override every sim worker's speedup")
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    check_extra()
+    from pathlib import Path
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise ConfigError("must name a file to write the request log to", key="--out")
+    args.users, args.replicas, args.clients, args.costs = None, 1, 1, None  # what `_check` reads of a bench
+    _check(args)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (stop what the bench started)
+    from chimera_bench.collect import collect, runs_dir
+    from chimera_bench.runner import BenchSpec
+
+    spec = BenchSpec(
+        config_path=args.config, workload=args.workload, policies=tuple(args.policies), rates=tuple(args.rate),
+        users=None, duration_s=args.duration, warmup_s=args.warmup, seeds=tuple(args.seeds), out=str(runs_dir(out)),
+        speedup=args.speedup, drain_s=args.drain, plots=False,
+    )  # fmt: skip
+    counts = collect(spec, out)
+    print(f"{out}: {counts['requests']} requests and {counts['feedback']} verdicts from {counts['runs']} runs "
+          f"({counts['errors']} errors); next: chimera predictor train --log {out} --out MODEL")  # fmt: skip
+    return 0
 
 
 MAX_ARRIVALS = 10_000_000  # workflows (or requests) one run may schedule
@@ -100,6 +151,8 @@ def _check(args: argparse.Namespace) -> None:
                           "per run", key="--rate")  # fmt: skip
     if args.users is not None and args.rate:
         raise ConfigError("give --rate or --users, not both", key="--users")
+    if args.workload == "overhead" and args.costs:
+        raise ConfigError("the overhead workload has no policies to sweep", key="--costs")
     if args.workload == "overhead" and args.clients != 1:
         raise ConfigError("the overhead workload has a client of its own (one process)", key="--clients")
 
@@ -129,7 +182,12 @@ def run(args: argparse.Namespace) -> int:
         clients=args.clients,
     )  # fmt: skip
     try:
-        run_bench(spec)
+        if args.costs:
+            from chimera_bench.sweep import run_sweep
+
+            run_sweep(spec, args.costs)
+        else:
+            run_bench(spec)
     except KeyboardInterrupt:  # the runs finished so far are in results.json; say that this one is not all
         print(f"chimera: interrupted: {args.out}/results.json holds the runs that finished", file=sys.stderr)
         return EXIT_INTERRUPTED

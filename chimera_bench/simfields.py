@@ -194,8 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="the sim seed the verdicts follow")
     args = p.parse_args(argv)
     app = SimFieldsProxy(args.upstream, quality=load_profile(args.profile).quality, seed=args.seed)
-    # the gateway keeps idle worker connections 30 s: keep ours open as long (as the sim does)
-    uvicorn.run(app, host=args.host, port=args.port, timeout_keep_alive=30, **SERVER_OPTIONS)
+    # served as the gateway is: its idle connections kept longer than the gateway keeps its worker connections
+    uvicorn.run(app, host=args.host, port=args.port, **SERVER_OPTIONS)
 
 
 if __name__ == "__main__":

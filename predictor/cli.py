@@ -1,5 +1,6 @@
 """``chimera predictor train|eval``: fit the predictor on request logs, and score it (argparse only at
-import time; scikit-learn is imported when a command runs)."""
+import time; scikit-learn is imported when a command runs). ``chimera predictor collect``, the traffic to
+train on, is the bench's (chimera_bench/collect.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 from router.core.errors import ArtifactError, ConfigError
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    """The ``train`` and ``eval`` commands on ``p``; returns its subcommands (the CLI adds ``collect``)."""
     sub = p.add_subparsers(dest="predictor_command", required=True, parser_class=type(p))
     t = sub.add_parser("train", help="fit a predictor on request logs and save it")
     t.add_argument("--log", action="append", required=True, help="request log (JSON lines); may repeat")
@@ -24,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--log", action="append", required=True, help="request log (JSON lines); may repeat")
     e.add_argument("--model", required=True, help="a predictor file, or 'prior' for the untrained analytic prior")
     e.add_argument("--json", action="store_true", help="print the report as JSON")
+    return sub
 
 
 def _load_samples(paths: list[str]) -> list[Any]:

@@ -7,6 +7,7 @@ A user's mistake is one line on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from backends.sim.server import SimSettings
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+BENCH_EXTRA = "pip install 'chimera-router[bench]'"  # what `chimera bench` and `predictor collect` need
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,14 +78,31 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_workers_arguments(sub.add_parser("workers", help="start the config's real vLLM workers (launch:)"))
 
-    from chimera_bench.cli import add_arguments as add_bench_arguments  # argparse only: cheap
-
-    add_bench_arguments(sub.add_parser("bench", help="replay a multi-agent workload through the gateway per policy"))
+    bench = sub.add_parser("bench", help="replay a multi-agent workload through the gateway per policy")
 
     from predictor.cli import add_arguments as add_predictor_arguments  # argparse only: cheap
 
-    add_predictor_arguments(sub.add_parser("predictor", help="train / evaluate the latency predictor on request logs"))
+    predictor_commands = add_predictor_arguments(
+        sub.add_parser("predictor", help="collect traffic, train / evaluate the latency predictor on request logs")
+    )
+    collect = predictor_commands.add_parser(
+        "collect", help="run the bench's workloads under a baseline policy and write the request log to train on"
+    )
+    if _has_bench():  # an image with only what serves has not: main() says what to install
+        from chimera_bench.cli import add_arguments as add_bench_arguments  # argparse only: cheap
+        from chimera_bench.cli import add_collect_arguments
+
+        add_bench_arguments(bench)
+        add_collect_arguments(collect)
     return p
+
+
+def _has_bench() -> bool:
+    return importlib.util.find_spec("chimera_bench") is not None
+
+
+def _needs_bench(argv: Sequence[str]) -> bool:
+    return list(argv[:1]) == ["bench"] or list(argv[:2]) == ["predictor", "collect"]
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -247,6 +266,10 @@ def _cmd_workers(args: argparse.Namespace) -> int:
 
 
 def _cmd_predictor(args: argparse.Namespace) -> int:
+    if args.predictor_command == "collect":
+        from chimera_bench.cli import run_collect
+
+        return run_collect(args)
     from predictor.cli import run
 
     return run(args)
@@ -257,6 +280,10 @@ _COMMANDS = {"serve": _cmd_serve, "check": _cmd_check, "sim": _cmd_sim, "bench":
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if _needs_bench(argv) and not _has_bench():  # the bench package is not installed (e.g. the Docker image)
+        print(f"chimera: this command needs the bench: {BENCH_EXTRA}", file=sys.stderr)
+        return EXIT_FAIL
     args = _build_parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)

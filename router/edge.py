@@ -17,10 +17,9 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.call import ProxyCall
-from router.core.asgi import header_map, read_body, route_path
+from router.core.asgi import ASGIApp, Message, Receive, Scope, Send, header_map, read_body, route_path
 from router.core.config import AUTO_MODEL
 from router.core.errors import BadRequest, ClientError, ModelNotFound
 from router.core.paths import UPSTREAM_PATHS

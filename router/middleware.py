@@ -12,9 +12,7 @@ import os
 import re
 import secrets
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from router.core.asgi import route_path
+from router.core.asgi import ASGIApp, Message, Receive, Scope, Send, route_path
 from router.core.paths import COMPLETION_PATHS
 from router.gateway import gateway_in
 from router.requestlog import RequestRecord

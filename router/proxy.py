@@ -28,10 +28,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from starlette.responses import JSONResponse
-from starlette.types import Message, Receive, Scope, Send
 
 from backends.client import WorkerResponse
 from router.call import ProxyCall
+from router.core.asgi import Message, Receive, Scope, Send
 from router.core.errors import (
     ClientError,
     NoHealthyWorker,

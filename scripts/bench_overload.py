@@ -1,5 +1,5 @@
-"""Benchmark overload handling (issue 6): per-agent SLA attainment, 429s, degradations, 5xx and
-queue waits at 2x and 3x the fleet's capacity, over several seeds (router.bench.overload).
+"""Benchmark overload handling: per-agent SLA attainment, 429s, degradations, 5xx and
+queue waits at 2x and 3x the fleet's capacity, over several seeds (chimera_bench.overload).
 
     python scripts/bench_overload.py --multiples 2,3 --seeds 0,1,2 --baseline --out docs/bench_overload.json
 
@@ -15,24 +15,16 @@ import argparse
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
-from router.bench.overload import Scenario, drive, read_queue_waits, scenario_config, summarize
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from backends.listen import free_port, wait_ready
+from chimera_bench.overload import Scenario, drive, read_queue_waits, scenario_config, summarize
 
 
 def run(s: Scenario, tmp: Path, workers: list[str] | None = None) -> dict[str, Any]:
@@ -48,16 +40,7 @@ def run(s: Scenario, tmp: Path, workers: list[str] | None = None) -> dict[str, A
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the gateway did not start: {' '.join(cmd)}")
-            time.sleep(0.2)
+        wait_ready(base + "/ready", 60, proc=proc)
         outcomes = asyncio.run(drive(base, s))
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -114,10 +97,10 @@ def main() -> None:
     for m in (float(x) for x in args.multiples.split(",")):
         kw = {"multiple": m, "duration_s": args.duration, "drain_s": args.drain, "speedup": args.speedup,
               "scheduling_policy": args.scheduling_policy}  # fmt: skip
-        scenarios += [Scenario(seed=int(seed), admission=not args.no_admission, **kw)  # type: ignore[arg-type]
+        scenarios += [Scenario(seed=int(seed), admission=not args.no_admission, **kw)
                       for seed in args.seeds.split(",")]  # fmt: skip
         if args.baseline:
-            scenarios.append(Scenario(seed=0, admission=False, **kw))  # type: ignore[arg-type]
+            scenarios.append(Scenario(seed=0, admission=False, **kw))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for s in scenarios:

@@ -41,3 +41,22 @@ def test_serving_works_without_the_bench_libraries() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stderr.strip().endswith("pip install 'chimera-router[bench]'"), proc.stderr[-2000:]
+
+
+def test_an_image_without_the_bench_serves_and_names_the_extra() -> None:
+    """The Docker image installs router, backends and predictor only: the CLI still parses, and the bench's
+    commands say what to install, whatever arguments they are given."""
+    code = (
+        "import importlib.util, sys\n"
+        "_find = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda name, *a: None if name == 'chimera_bench' else _find(name, *a)\n"
+        "import router.cli\n"
+        "assert router.cli.main(['check', 'examples/quickstart.yaml']) == 0\n"
+        "sys.exit(router.cli.main(sys.argv[1:]))\n"
+    )
+    for argv in (["bench", "--workload", "chat", "--rate", "1"], ["predictor", "collect", "--config", "x.yaml"]):
+        proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        needs = "chimera: this command needs the bench: pip install 'chimera-router[bench]'"
+        assert proc.stderr.strip().splitlines()[-1] == needs

@@ -2,8 +2,8 @@
 
 A profile is a JSON file (``router/core/profiles/<name>.json``) describing one model on one GPU:
 its KV budget, the scheduler knobs vLLM ran with, and a linear model of one engine step's duration
-over per-step features (see :data:`STEP_FEATURES`). Profiles are measured on real hardware by
-``scripts/calibrate``; this module only reads and validates them.
+over per-step features (see :data:`STEP_FEATURES`). Profiles are measured on real hardware
+(``scripts/calibrate/probe.py``, then ``fit_profile.py``); this module only reads and validates them.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Frontend:
     The same process (one event loop) writes every streamed token to its client. At a rate of ``r`` streamed
     tokens per second its share of that work is ``rho = r * stream_token``, and a request then takes
     ``stream_wait * rho / (1 - rho)`` longer to get through it (its intake and its first token's way back,
-    measured together by ``scripts/calibrate/split_probe.py``; ``rho`` capped at ``STREAM_RHO_MAX``).
+    measured together on real vLLM: the profiles' ``provenance.stream``; ``rho`` capped at ``STREAM_RHO_MAX``).
     """
 
     per_request: float = 0.0

@@ -1,123 +1,212 @@
 #!/usr/bin/env python3
-"""Client-side calibration probe for any OpenAI-compatible vLLM-like server (real vLLM or chimera's sim).
+"""Probe a live OpenAI-compatible worker (vLLM, or `chimera sim`) for the simulator's step-time profile.
 
-Measures, from the client side, with /v1/completions, ``ignore_eos`` and explicit ``max_tokens`` so that any
-two servers do exactly the same work:
+Every request is a /v1/completions with ``ignore_eos``, greedy sampling and an explicit ``max_tokens``,
+so that two servers do exactly the same work; prompts are fresh random words (``w17 w203 ...``), so the
+prefix cache never hits. Times are taken on the client side, token by token; the server's own vllm:*
+counters and histograms are scraped before and after every batch and kept as deltas. Phases:
 
-* ``ttft``       TTFT of single requests by prompt length (median of 3 after a warm-up, distinct random prompts
-                 so that prefix caching never hits);
-* ``tpot``       decode speed by batch size at two prompt lengths: TPOT as ``vllm bench serve`` defines it
-                 ((e2e - ttft) / (out - 1), first token excluded), and the *steady* decode step (the inter-token
-                 time while every stream of the batch is decoding, i.e. a pure decode step of ``batch`` seqs);
-* ``mix``        a decode batch with long prompts injected mid-way: TTFT of the injected prompt and the stall it
-                 causes to the decoding streams (mixed prefill+decode engine steps);
-* ``saturation`` output tokens/s with many concurrent streams (streaming and not);
-* ``kv``         KV pressure: concurrent requests needing ~4x the KV budget; /metrics polled during the run
-                 (running, waiting, KV use), preemption counter delta, e2e p50/p99, makespan.
+* warm-up: two small requests, an 8192-token prompt, then a burst of 256 requests sent at once (its
+  makespan is what the API server's intake costs per request: ``frontend_s.per_request``);
+* ``ttft``: TTFT of one request by prompt length (the median of ``--ttft-reps``, each length warmed first);
+* ``tpot``: decode by batch size at two prompt lengths: TPOT p50 as ``vllm bench serve`` defines it
+  ((e2e - TTFT) / (tokens - 1)) and the steady decode step (the inter-token time while every stream of
+  the batch decodes: one decode step of ``batch`` sequences); batches above vLLM's CUDA-graph limit
+  (128 by default) give the eager steps' cost;
+* ``mix``: a decoding batch with long prompts injected mid-way: the injected TTFT and the decoders'
+  largest gap (one mixed prefill + decode step).
 
-Server-side vllm:* counters/histograms (sum, count, iteration-token buckets) are scraped before and after every
-batch and stored as deltas.  Prompts are "w17 w203 ..." (one token per word with the calibration tokenizer).
-Streams are spread over ``--procs`` client processes so that the client never limits a fast server.
+    python scripts/calibrate/probe.py --url http://127.0.0.1:8001 --model qwen2.5-0.5b --out probe.json
+    python scripts/calibrate/probe.py ... --speedup 0.5   # a sim running 2x slower than real: times scaled back
+    python scripts/calibrate/fit_profile.py --model qwen2.5-0.5b probe.json --out my-0.5b.json
 
-    python scripts/calibrate/probe.py --url http://127.0.0.1:8001 --model qwen2.5-0.5b --out p.json
-    python scripts/calibrate/probe.py ... --phases kv --kv-tokens 32768          # the KV-pressure probe alone
-    python scripts/calibrate/probe.py ... --speedup 0.5   # server runs 2x slower than real: times scaled back
-
-Only the standard library and httpx are needed (it runs on the lent GPU machine's bare Python too).
+Streams are spread over ``--procs`` client processes, so that the client never limits a fast server.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import multiprocessing as mp
 import os
+import random
 import re
 import statistics
 import sys
-import threading
 import time
+from typing import Any
 
 import httpx
-from probe_client import run_specs  # next to this file
-from probe_stats import labels_of, metric_delta, parse_metrics, pct, steady_decode
 
-PHASES = ("ttft", "tpot", "mix", "saturation", "kv", "psweep", "dsweep")
-TTFT_PROMPTS_BRIEF = (128, 512, 2048, 8192)
-TTFT_PROMPTS_EXTRA = (32, 1024, 4096, 12288)  # (16000 words trip vLLM's prompt-characters check)
-PSWEEP_PROMPTS = (16, 64, 120, 128, 136, 256, 512, 1024, 2048, 4096, 8192)
-DSWEEP_BATCHES = (1, 8, 32, 64, 96, 120, 128, 136, 192, 256)
-TPOT_BATCHES = (1, 8, 32, 64, 128)
+PHASES = ("ttft", "tpot", "mix")
+TTFT_PROMPTS = (32, 128, 512, 1024, 2048, 4096, 8192, 12288)
+TPOT_BATCHES = (1, 8, 32, 64, 128, 256)
 TPOT_PROMPTS = (256, 2048)
-
-# ----------------------------------------------------------------------------------------------------------
-# the probe
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
+# -- the client (run in the pool's processes) ---------------------------------------------------------------
+def make_prompt(n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(f"w{rng.randint(3, 150000)}" for _ in range(n))
+
+
+async def _one(client: httpx.AsyncClient, url: str, model: str, spec: dict[str, Any], t_start: float) -> dict[str, Any]:
+    """One request of ``spec`` (id, prompt, out, delay, seed, stream); times are perf_counter seconds (system-wide)."""
+    body: dict[str, Any] = {"model": model, "prompt": make_prompt(spec["prompt"], spec["seed"]),
+                            "max_tokens": spec["out"], "ignore_eos": True, "temperature": 0.0, "stream": spec["stream"]}
+    if spec["stream"]:
+        body["stream_options"] = {"include_usage": True}
+    if spec["stream"] and spec["out"] > 1:
+        body["return_token_ids"] = True  # vLLM: one id per token, however the text chunks fall
+    await asyncio.sleep(max(0.0, t_start + spec["delay"] - time.perf_counter()))
+    res: dict[str, Any] = {"id": spec["id"], "prompt": spec["prompt"], "out_req": spec["out"], "err": None}
+    t0 = res["t0"] = time.perf_counter()
+    times: list[float] = []
+    usage: dict[str, Any] = {}
+    try:
+        if not spec["stream"]:
+            r = await client.post(url + "/v1/completions", json=body)
+            usage = (r.json().get("usage") or {}) if r.status_code == 200 else {}
+            res["err"] = None if r.status_code == 200 else f"HTTP {r.status_code}: {r.text[:200]}"
+        else:
+            await _stream(client, url, body, res, times)
+            usage = res.pop("usage", {})
+    except (httpx.HTTPError, ValueError) as exc:  # a probe records failures instead of dying
+        res["err"] = f"{type(exc).__name__}: {exc}"
+    if res["err"]:
+        return res
+    res["end"] = end = time.perf_counter()
+    res["e2e"] = end - t0
+    res["n_out"] = usage.get("completion_tokens") or len(times)
+    if times:
+        res["ttft"], res["times"] = times[0] - t0, times
+    return res
+
+
+async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], res: dict[str, Any],
+                  times: list[float]) -> None:  # fmt: skip
+    """A streamed request: every output token's arrival time into ``times``, the usage into ``res``."""
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            res["err"] = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+            return
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            now, d = time.perf_counter(), json.loads(line[6:])
+            res["usage"] = d.get("usage") or res.get("usage") or {}
+            for ch in d.get("choices") or ():
+                k = len(ch["token_ids"]) if ch.get("token_ids") is not None else len(ch.get("text", "").split())
+                if k == 0 and ch.get("finish_reason") is None and not times:
+                    k = 1  # an empty first delta still marks the first token
+                times.extend([now] * k)
+
+
+def run_specs(args: tuple[str, str, list[dict[str, Any]], float, float]) -> list[dict[str, Any]]:
+    """(url, model, specs, t_start, timeout) -> each spec's result: the pool's entry point."""
+    url, model, specs, t_start, timeout = args
+
+    async def run() -> list[dict[str, Any]]:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), limits=limits) as c:
+            return await asyncio.gather(*[_one(c, url, model, s, t_start) for s in specs])
+
+    return asyncio.run(run())
+
+
+# -- what is read off the server and the timings ------------------------------------------------------------
+def parse_metrics(text: str) -> dict[str, float]:
+    """vllm:* samples summed over label sets (histogram buckets dropped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line) if line.startswith(("vllm:", "sim:")) else None
+        if m and not m.group(1).endswith("_bucket"):
+            try:
+                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+            except ValueError:
+                continue
+    return out
+
+
+def metric_delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: round(v - a.get(k, 0.0), 6) for k, v in b.items()
+            if k.endswith(("_total", "_sum", "_count")) and v != a.get(k, 0.0)}  # fmt: skip
+
+
+def cache_config(text: str) -> dict[str, str]:
+    """The labels of vLLM's ``vllm:cache_config_info`` (num_gpu_blocks, block_size, ...)."""
+    for line in text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            return dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+    return {}
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    f, c = math.floor(k), min(math.floor(k) + 1, len(xs) - 1)
+    return xs[f] + (xs[c] - xs[f]) * (k - f)
+
+
+def steady_decode(rs: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Inter-token time while *every* stream of the batch decodes: a pure decode step of len(rs) sequences."""
+    rs = [r for r in rs if len(r.get("times", ())) > 2]
+    if not rs:
+        return None
+    a, b = max(r["times"][0] for r in rs), min(r["times"][-1] for r in rs)
+    if b <= a:
+        return None
+    steps = [(b - a) / k for r in rs if (k := sum(1 for t in r["times"] if a < t <= b)) >= 3]
+    ctx_mid = [r["prompt"] + sum(1 for t in r["times"] if t <= (a + b) / 2) for r in rs]
+    if not steps:
+        return None
+    return {"step_ms": statistics.median(steps) * 1e3, "window_s": b - a, "ctx_mid": statistics.mean(ctx_mid),
+            "seqs": len(rs)}  # fmt: skip
+
+
+# -- the probe ----------------------------------------------------------------------------------------------
 class Probe:
-    def __init__(self, a: argparse.Namespace):
-        self.a = a
-        self.url = a.url.rstrip("/")
-        self.model = a.model
-        self.scale = a.speedup  # measured seconds * speedup = real seconds
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a, self.url, self.scale = a, a.url.rstrip("/"), a.speedup  # measured s x speedup = modelled s
         self.pool = mp.get_context("fork").Pool(a.procs) if a.procs > 1 else None
         self.seed = a.seed * 1_000_003
         self.http = httpx.Client(timeout=30)
-        self.res: dict = {
-            "meta": {
-                "url": self.url,
-                "model": self.model,
-                "procs": a.procs,
-                "speedup": a.speedup,
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "argv": sys.argv[1:],
-            }
-        }
+        meta = {"url": self.url, "model": a.model, "procs": a.procs, "speedup": a.speedup,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "argv": sys.argv[1:]}  # fmt: skip
+        self.res: dict[str, Any] = {"meta": meta}
 
-    # -- plumbing
-    def next_seed(self) -> int:
-        self.seed += 1
-        return self.seed
-
-    def spec(self, prompt: int, out: int, stream: bool = True, delay: float = 0.0, ids: bool = False) -> dict:
-        return {
-            "id": self.next_seed(),
-            "prompt": prompt,
-            "out": out,
-            "stream": stream,
-            "delay": delay / self.scale,
-            "seed": self.next_seed(),
-            "ids": ids,
-        }
+    def spec(self, prompt: int, out: int, delay: float = 0.0, stream: bool = True) -> dict[str, Any]:
+        self.seed += 2
+        return {"id": self.seed, "prompt": prompt, "out": out, "delay": delay / self.scale, "seed": self.seed + 1,
+                "stream": stream}
 
     def metrics(self) -> tuple[str, dict[str, float]]:
         try:
-            t = self.http.get(self.url + "/metrics").text
-        except Exception:
+            text = self.http.get(self.url + "/metrics").text
+        except httpx.HTTPError:
             return "", {}
-        return t, parse_metrics(t)
+        return text, parse_metrics(text)
 
-    def batch(self, specs: list[dict]) -> tuple[list[dict], dict]:
-        """Run specs concurrently (spread over the client processes); scale times; return results, delta."""
+    def batch(self, specs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """Run ``specs`` at once over the client processes; times in modelled seconds from the batch start."""
         _, m0 = self.metrics()
-        timeout = self.a.request_timeout
-        use_pool = self.pool is not None and len(specs) > 1
-        t_start = time.perf_counter() + (0.3 if use_pool else 0.02)
-        if use_pool:
+        pooled = self.pool is not None and len(specs) > 1
+        t_start = time.perf_counter() + (0.3 if pooled else 0.02)
+        if self.pool is not None and pooled:
             n = min(self.a.procs, len(specs))
-            parts = [specs[i::n] for i in range(n)]
-            rs = [
-                r
-                for part in self.pool.map(run_specs, [(self.url, self.model, p, t_start, timeout) for p in parts])
-                for r in part
-            ]
+            jobs = [(self.url, self.a.model, specs[i::n], t_start, self.a.request_timeout) for i in range(n)]
+            rs = [r for part in self.pool.map(run_specs, jobs) for r in part]
         else:
-            rs = run_specs((self.url, self.model, specs, t_start, timeout))
+            rs = run_specs((self.url, self.a.model, specs, t_start, self.a.request_timeout))
         _, m1 = self.metrics()
         rs.sort(key=lambda r: r["id"])
         s = self.scale
-        for r in rs:  # back to real time, relative to the batch start
+        for r in rs:
             for k in ("e2e", "ttft"):
                 if k in r:
                     r[k] *= s
@@ -131,437 +220,131 @@ class Probe:
             print(f"  {len(errs)} errors, first: {errs[0]}", file=sys.stderr)
         return rs, metric_delta(m0, m1)
 
+    def log(self, *x: object) -> None:
+        print(f"[{self.a.model}]", *x, flush=True)
+
+    def warmup(self) -> None:
+        w: dict[str, float] = {}
+        w["first_request_ttft_ms"] = self.batch([self.spec(32, 8)])[0][0].get("ttft", 0) * 1e3
+        w["second_request_ttft_ms"] = self.batch([self.spec(32, 8)])[0][0].get("ttft", 0) * 1e3
+        w["first_8192_ttft_ms"] = self.batch([self.spec(8192, 2)])[0][0].get("ttft", 0) * 1e3
+        rs, _ = self.batch([self.spec(64, 16, stream=False) for _ in range(256)])  # (as the fit replays it)
+        w["burst256_makespan_s"] = max(r.get("end", 0) for r in rs)
+        self.res["warmup"] = w
+        self.log("warmup", json.dumps({k: round(v, 2) for k, v in w.items()}))
+
+    def phase_ttft(self) -> None:
+        out = []
+        for n in (p for p in TTFT_PROMPTS if p + 1 <= self.a.max_model_len):
+            self.batch([self.spec(n, 1)])  # this shape warmed, with a prompt of its own
+            ttfts, prefill = [], []
+            for _ in range(self.a.ttft_reps):
+                rs, d = self.batch([self.spec(n, 1)])
+                ttfts.append(rs[0].get("ttft", float("nan")) * 1e3)
+                prefill.append(d.get("vllm:request_prefill_time_seconds_sum", 0) * 1e3 * self.scale)
+            out.append({"prompt": n, "ttft_ms": statistics.median(ttfts), "ttft_ms_all": ttfts,
+                        "server_prefill_ms": statistics.median(prefill) if any(prefill) else None})  # fmt: skip
+            self.log(f"ttft prompt={n}: {out[-1]['ttft_ms']:.2f} ms (vLLM's prefill {out[-1]['server_prefill_ms']})")
+        self.res["ttft"] = out
+
+    def phase_tpot(self) -> None:
+        out = []
+        for p in TPOT_PROMPTS:
+            for b in self.a.batches:
+                rs, d = self.batch([self.spec(p, self.a.tpot_out) for _ in range(b)])
+                ok = [r for r in rs if not r["err"] and r.get("ttft") is not None and r["n_out"] > 1]
+                tp = [(r["e2e"] - r["ttft"]) / (r["n_out"] - 1) for r in ok]
+                steady = steady_decode(ok)
+                out.append({"prompt": p, "batch": b, "out": self.a.tpot_out, "errors": len(rs) - len(ok),
+                            "tpot_ms_p50": (pct(tp, 0.5) or 0.0) * 1e3, "steady": steady,
+                            "metrics_delta": d})  # fmt: skip
+                self.log(f"tpot prompt={p} batch={b}: p50 {out[-1]['tpot_ms_p50']:.2f} ms, "
+                         f"steady {(steady or {}).get('step_ms', 0):.2f} ms")  # fmt: skip
+        self.res["tpot"] = out
+
+    def phase_mix(self) -> None:
+        """``--mix-batch`` streams decoding; prompts of ``--mix-inject`` tokens sent at ``--mix-at`` seconds."""
+        b, dec_out = self.a.mix_batch, self.a.mix_out
+        specs = [self.spec(256, dec_out) for _ in range(b)]
+        inject = [(self.spec(n, 1, delay=at), n, at) for n, at in zip(self.a.mix_inject, self.a.mix_at, strict=True)]
+        rs, d = self.batch(specs + [s for s, _, _ in inject])
+        by_id = {r["id"]: r for r in rs}
+        dec = [r for r in rs if r["out_req"] == dec_out and r.get("times")]
+        base = [statistics.median(t2 - t1 for t1, t2 in zip(r["times"][5:40], r["times"][6:41], strict=False))
+                for r in dec if len(r["times"]) > 6]  # fmt: skip
+        res: dict[str, Any] = {"batch": b, "decode_prompt": 256, "decode_out": dec_out, "inject": [],
+                               "baseline_itl_ms": statistics.median(base) * 1e3 if base else None,
+                               "metrics_delta": d, "errors": sum(1 for r in rs if r["err"])}  # fmt: skip
+        for sp, n, at in inject:
+            r = by_id[sp["id"]]
+            if r["err"] or r.get("ttft") is None:
+                res["inject"].append({"prompt": n, "at_s": at, "err": r["err"]})
+                continue
+            t_in, t_first = r["t0"], r["t0"] + r["ttft"]
+            gaps, ctx = [], []
+            for x in dec:  # each decoder's largest gap while the prompt was prefilled: the mixed step
+                ts = x["times"]
+                itl = [(ts[i] - ts[i - 1], i) for i in range(1, len(ts)) if t_in < ts[i] <= t_first + 0.05]
+                if itl:
+                    gap, i = max(itl)
+                    gaps.append(gap)
+                    ctx.append(256 + i)
+            res["inject"].append({"prompt": n, "at_s": at, "ttft_ms": r["ttft"] * 1e3,
+                                  "max_gap_ms": statistics.median(gaps) * 1e3 if gaps else None,
+                                  "ctx_at_gap": statistics.mean(ctx) if ctx else None})  # fmt: skip
+            self.log(f"mix inject {n}: ttft {r['ttft'] * 1e3:.1f} ms, decoders' gap {res['inject'][-1]['max_gap_ms']}")
+        self.res["mix"] = res
+
     def save(self) -> None:
         tmp = self.a.out + ".tmp"
         with open(tmp, "w") as f:
             json.dump(self.res, f, indent=1)
         os.replace(tmp, self.a.out)
 
-    def late(self) -> bool:
-        return bool(self.a.deadline) and time.time() > self.a.deadline
-
-    def log(self, *x: object) -> None:
-        print(f"[{self.model}]", *x, flush=True)
-
-    # -- phases
-    def warmup(self) -> None:
-        w: dict = {}
-        rs, _ = self.batch([self.spec(32, 8)])
-        w["first_request_ttft_ms"] = rs[0].get("ttft", 0) * 1e3
-        w["first_request_e2e_ms"] = rs[0].get("e2e", 0) * 1e3
-        rs, _ = self.batch([self.spec(32, 8)])
-        w["second_request_ttft_ms"] = rs[0].get("ttft", 0) * 1e3
-        if not self.a.quick:
-            rs, _ = self.batch([self.spec(8192, 2)])
-            w["first_8192_ttft_ms"] = rs[0].get("ttft", 0) * 1e3
-            rs, _ = self.batch([self.spec(64, 16, stream=False) for _ in range(256)])
-            w["burst256_makespan_s"] = max(r.get("end", 0) for r in rs)
-            rs, _ = self.batch([self.spec(2048, 16, stream=False) for _ in range(8)])
-        self.res["warmup"] = w
-        self.log("warmup", json.dumps({k: round(v, 2) for k, v in w.items()}))
-
-    def phase_ttft(self) -> None:
-        out = []
-        prompts = sorted(set(TTFT_PROMPTS_BRIEF) | (set() if self.a.quick else set(TTFT_PROMPTS_EXTRA)))
-        prompts = [p for p in prompts if p + 1 <= self.a.max_model_len]
-        for n in prompts:
-            self.batch([self.spec(n, 1)])  # warm this shape with a distinct prompt
-            ttfts, deltas = [], []
-            for _ in range(self.a.ttft_reps):
-                rs, d = self.batch([self.spec(n, 1)])
-                ttfts.append(rs[0].get("ttft", float("nan")) * 1e3)
-                deltas.append(d)
-            srv = [d.get("vllm:time_to_first_token_seconds_sum", 0) * 1e3 * self.scale for d in deltas]
-            pre = [d.get("vllm:request_prefill_time_seconds_sum", 0) * 1e3 * self.scale for d in deltas]
-            out.append(
-                {
-                    "prompt": n,
-                    "ttft_ms": statistics.median(ttfts),
-                    "ttft_ms_all": ttfts,
-                    "server_ttft_ms": statistics.median(srv) if any(srv) else None,
-                    "server_prefill_ms": statistics.median(pre) if any(pre) else None,
-                    "iteration_tokens_count": deltas[len(deltas) // 2].get("vllm:iteration_tokens_total_count"),
-                }
-            )
-            self.log(f"ttft prompt={n}: {out[-1]['ttft_ms']:.2f} ms (server {out[-1]['server_ttft_ms']})")
-            if self.late():
-                break
-        self.res["ttft"] = out
-
-    def _ttft_sample(self, n: int, ids: bool = False) -> list[float]:
-        """[client TTFT, server TTFT, server prefill time] in ms of one n-token prompt."""
-        rs, d = self.batch([self.spec(n, 1, ids=ids)])
-        srv = d.get("vllm:time_to_first_token_seconds_sum", 0) * 1e3 * self.scale
-        pre = d.get("vllm:request_prefill_time_seconds_sum", 0) * 1e3 * self.scale
-        return [rs[0].get("ttft", float("nan")) * 1e3, srv, pre]
-
-    def phase_psweep(self) -> None:
-        """TTFT of single prompts across vLLM's CUDA-graph limit (128 tokens), repeated round-robin."""
-        prompts = [p for p in PSWEEP_PROMPTS if p + 1 <= self.a.max_model_len]
-        for n in prompts:  # warm each shape
-            self.batch([self.spec(n, 1)])
-        got: dict[str, list] = {}
-        for _ in range(self.a.reps):
-            for n in prompts:
-                got.setdefault(str(n), []).append(self._ttft_sample(n))
-            for n in (max(prompts),):  # the same prompt length as token ids: no tokenizer in the front end
-                got.setdefault(f"{n}ids", []).append(self._ttft_sample(n, ids=True))
-        out = []
-        for k, v in got.items():
-            out.append(
-                {
-                    "prompt": int(k.rstrip("ids")),
-                    "as_ids": k.endswith("ids"),
-                    "ttft_ms": statistics.median(x[0] for x in v),
-                    "ttft_ms_all": [round(x[0], 2) for x in v],
-                    "server_ttft_ms": statistics.median(x[1] for x in v),
-                    "server_prefill_ms": statistics.median(x[2] for x in v),
-                }
-            )
-            self.log(
-                f"psweep {k}: {out[-1]['ttft_ms']:.2f} ms {out[-1]['ttft_ms_all']} server "
-                f"{out[-1]['server_ttft_ms']:.1f} prefill {out[-1]['server_prefill_ms']:.1f}"
-            )
-        self.res["psweep"] = out
-
-    def phase_dsweep(self) -> None:
-        """Steady decode step by batch size across the CUDA-graph limit (128 seqs), repeated."""
-        out = []
-        for rep in range(self.a.reps_decode):
-            for p, batches in ((128, DSWEEP_BATCHES), (1024, (1, 16, 32, 64))):
-                for b in batches:
-                    if p * b > self.a.dsweep_max_tokens:
-                        continue
-                    rs, d = self.batch([self.spec(p, self.a.dsweep_out) for _ in range(b)])
-                    s = self._decode_summary(rs, d)
-                    st = s["steady"] or {}
-                    steps = d.get("vllm:iteration_tokens_total_count")
-                    out.append(
-                        {
-                            "rep": rep,
-                            "prompt": p,
-                            "batch": b,
-                            "out": self.a.dsweep_out,
-                            "steady_step_ms": st.get("step_ms"),
-                            "steady_ctx_mid": st.get("ctx_mid"),
-                            "tpot_ms_p50": s["tpot_ms_p50"],
-                            "makespan_s": s["makespan_s"],
-                            "engine_steps": steps,
-                            "server_itl_ms": 1e3
-                            * self.scale
-                            * d.get("vllm:inter_token_latency_seconds_sum", 0)
-                            / max(1, d.get("vllm:inter_token_latency_seconds_count", 1)),
-                            "chunks_per_token": s["chunks_per_token"],
-                            "errors": s["errors"],
-                        }
-                    )
-                    self.log(
-                        f"dsweep rep{rep} p{p} b{b}: steady {st.get('step_ms', 0):.2f} ms, "
-                        f"server itl {out[-1]['server_itl_ms']:.2f}, steps {steps}"
-                    )
-                    if self.late():
-                        self.res["dsweep"] = out
-                        return
-        self.res["dsweep"] = out
-
-    def _decode_summary(self, rs: list[dict], d: dict) -> dict:
-        ok = [r for r in rs if not r["err"]]
-        tp = [(r["e2e"] - r["ttft"]) / (r["n_out"] - 1) for r in ok if r.get("ttft") is not None and r["n_out"] > 1]
-        tt = [r["ttft"] for r in ok if r.get("ttft") is not None]
-        ntok = sum(r["n_out"] for r in ok)
-        mk = max((r["end"] for r in ok), default=0) - min((r["t0"] for r in ok), default=0)
-        st = steady_decode(ok)
-        return {
-            "n": len(rs),
-            "errors": len(rs) - len(ok),
-            "tpot_ms_p50": pct(tp, 0.5) and pct(tp, 0.5) * 1e3,
-            "tpot_ms_mean": tp and statistics.mean(tp) * 1e3,
-            "tpot_ms_p90": pct(tp, 0.9) and pct(tp, 0.9) * 1e3,
-            "ttft_ms_p50": pct(tt, 0.5) and pct(tt, 0.5) * 1e3,
-            "ttft_ms_max": tt and max(tt) * 1e3,
-            "makespan_s": mk,
-            "out_tok_s": ntok / mk if mk > 0 else None,
-            "chunks_per_token": (
-                sum(r.get("chunks", 0) for r in ok) / max(1, sum(len(r.get("times", [])) for r in ok))
-            ),
-            "steady": st,
-            "metrics_delta": d,
-        }
-
-    def phase_tpot(self) -> None:
-        out = []
-        for p in TPOT_PROMPTS:
-            for b in self.a.batches:
-                if b > self.a.max_batch:
-                    continue
-                rs, d = self.batch([self.spec(p, self.a.tpot_out) for _ in range(b)])
-                s = {"prompt": p, "batch": b, "out": self.a.tpot_out, **self._decode_summary(rs, d)}
-                out.append(s)
-                st = s["steady"] or {}
-                self.log(
-                    f"tpot prompt={p} batch={b}: p50 {s['tpot_ms_p50']:.2f} ms, "
-                    f"steady {st.get('step_ms', 0):.2f} ms, "
-                    f"{s['out_tok_s']:.0f} tok/s, chunks/token {s['chunks_per_token']:.2f}"
-                )
-                if self.late():
-                    break
-        self.res["tpot"] = out
-
-    def phase_mix(self) -> None:
-        """`mix_batch` decoding streams; prompts of the given lengths injected at 1/3 and 2/3 of their run."""
-        b, dec_out = self.a.mix_batch, self.a.mix_out
-        if dec_out <= 0:  # size the decode run from the measured steady step (~3 s of decoding)
-            step = next(
-                (
-                    t["steady"]["step_ms"]
-                    for t in self.res.get("tpot", [])
-                    if t["batch"] == 32 and t["prompt"] == 256 and t.get("steady")
-                ),
-                6.0,
-            )
-            dec_out = int(min(1024, max(256, 3000 / step)))
-        run_s = (
-            dec_out
-            * (
-                next(
-                    (
-                        t["steady"]["step_ms"]
-                        for t in self.res.get("tpot", [])
-                        if t["batch"] == 32 and t["prompt"] == 256 and t.get("steady")
-                    ),
-                    6.0,
-                )
-            )
-            / 1e3
-        )
-        specs = [self.spec(256, dec_out) for _ in range(b)]
-        inj = []
-        for i, L in enumerate(self.a.mix_inject):
-            at = (
-                self.a.mix_at[i] if i < len(self.a.mix_at) else round(run_s * (i + 1) / (len(self.a.mix_inject) + 1), 3)
-            )
-            sp = self.spec(L, 1, delay=at)
-            inj.append((sp["id"], L, at))
-            specs.append(sp)
-        rs, d = self.batch(specs)
-        byid = {r["id"]: r for r in rs}
-        dec = [r for r in rs if r["out_req"] == dec_out and r.get("times")]
-        res = {
-            "batch": b,
-            "decode_prompt": 256,
-            "decode_out": dec_out,
-            "inject": [],
-            "metrics_delta": d,
-            "errors": sum(1 for r in rs if r["err"]),
-        }
-        base = [
-            statistics.median([t2 - t1 for t1, t2 in zip(r["times"][5:40], r["times"][6:41], strict=False)] or [0])
-            for r in dec
-        ]
-        res["baseline_itl_ms"] = statistics.median(base) * 1e3 if base else None
-        for iid, L, at in inj:
-            r = byid[iid]
-            if r["err"] or r.get("ttft") is None:
-                res["inject"].append({"prompt": L, "at_s": at, "err": r["err"]})
-                continue
-            t_in, t_first = r["t0"], r["t0"] + r["ttft"]
-            gaps, stall, ctx = [], [], []
-            for x in dec:
-                ts = x["times"]
-                itl = [(ts[i] - ts[i - 1], ts[i], i) for i in range(1, len(ts)) if t_in < ts[i] <= t_first + 0.05]
-                if itl:
-                    g = max(itl)
-                    gaps.append(g[0])
-                    ctx.append(256 + g[2])
-                    stall.append(sum(v for v, _, _ in itl) - len(itl) * (res["baseline_itl_ms"] or 0) / 1e3)
-            res["inject"].append(
-                {
-                    "prompt": L,
-                    "at_s": at,
-                    "ttft_ms": r["ttft"] * 1e3,
-                    "decoders_at_inject": sum(1 for x in dec if x["times"][0] < t_in < x["times"][-1]),
-                    "max_gap_ms": statistics.median(gaps) * 1e3 if gaps else None,
-                    "stall_ms": statistics.median(stall) * 1e3 if stall else None,
-                    "ctx_at_gap": statistics.mean(ctx) if ctx else None,
-                }
-            )
-            self.log(f"mix inject {L}: ttft {r['ttft'] * 1e3:.1f} ms, decoder gap {res['inject'][-1]['max_gap_ms']}")
-        self.res["mix"] = res
-
-    def phase_saturation(self) -> None:
-        n, p, o = self.a.sat_streams, self.a.sat_prompt, self.a.sat_out
-        out = {}
-        modes = ("nonstream", "stream") if self.a.sat_stream else ("nonstream",)
-        for mode in modes:
-            rs, d = self.batch([self.spec(p, o, stream=(mode == "stream")) for _ in range(n)])
-            ok = [r for r in rs if not r["err"]]
-            mk = max((r["end"] for r in ok), default=0) - min((r["t0"] for r in ok), default=0)
-            e2e = [r["e2e"] for r in ok]
-            s = {
-                "streams": n,
-                "prompt": p,
-                "out": o,
-                "errors": len(rs) - len(ok),
-                "makespan_s": mk,
-                "out_tok_s": sum(r["n_out"] for r in ok) / mk if mk > 0 else None,
-                "e2e_s_p50": pct(e2e, 0.5),
-                "e2e_s_p99": pct(e2e, 0.99),
-                "metrics_delta": d,
-            }
-            if mode == "stream":
-                s.update({k: v for k, v in self._decode_summary(rs, d).items() if k not in ("metrics_delta",)})
-            out[mode] = s
-            self.log(f"saturation {mode}: {s['out_tok_s']:.0f} out tok/s, makespan {mk:.2f} s")
-            if self.late():
-                break
-        self.res["saturation"] = out
-
-    def phase_kv(self) -> None:
-        text, _ = self.metrics()
-        kv = self.a.kv_tokens
-        cc = labels_of(text, "vllm:cache_config_info")
-        if not kv and cc.get("num_gpu_blocks"):
-            kv = int(cc["num_gpu_blocks"]) * int(cc.get("block_size", 16))
-        if not kv:
-            self.log("kv: unknown KV budget (pass --kv-tokens); skipped")
-            return
-        p, o = self.a.kv_prompt, self.a.kv_out
-        n = self.a.kv_n or math.ceil(self.a.kv_factor * kv / (p + o))
-        polls: list[list[float]] = []
-        stop = threading.Event()
-
-        def poll() -> None:
-            c = httpx.Client(timeout=5)
-            t0 = time.perf_counter()
-            while not stop.is_set():
-                try:
-                    m = parse_metrics(c.get(self.url + "/metrics").text)
-                    polls.append(
-                        [
-                            round((time.perf_counter() - t0) * self.scale, 3),
-                            m.get("vllm:num_requests_running", -1),
-                            m.get("vllm:num_requests_waiting", -1),
-                            round(m.get("vllm:kv_cache_usage_perc", m.get("vllm:gpu_cache_usage_perc", -1)), 4),
-                            m.get("vllm:num_preemptions_total", -1),
-                        ]
-                    )
-                except Exception:
-                    pass
-                stop.wait(self.a.poll_s)
-
-        th = threading.Thread(target=poll, daemon=True)
-        th.start()
-        rs, d = self.batch([self.spec(p, o, stream=False) for _ in range(n)])
-        stop.set()
-        th.join()
-        ok = [r for r in rs if not r["err"]]
-        e2e = [r["e2e"] for r in ok]
-        mk = max((r["end"] for r in ok), default=0) - min((r["t0"] for r in ok), default=0)
-        res = {
-            "kv_tokens": kv,
-            "requests": n,
-            "prompt": p,
-            "out": o,
-            "need_over_budget": n * (p + o) / kv,
-            "errors": len(rs) - len(ok),
-            "makespan_s": mk,
-            "e2e_s_p50": pct(e2e, 0.5),
-            "e2e_s_p90": pct(e2e, 0.9),
-            "e2e_s_p99": pct(e2e, 0.99),
-            "e2e_s_min": min(e2e, default=None),
-            "out_tok_s": sum(r["n_out"] for r in ok) / mk if mk > 0 else None,
-            "preemptions": d.get("vllm:num_preemptions_total"),
-            "max_running": max((x[1] for x in polls), default=None),
-            "max_waiting": max((x[2] for x in polls), default=None),
-            "waiting_seen": any(x[2] > 0 for x in polls),
-            "frac_polls_waiting": (sum(1 for x in polls if x[2] > 0) / len(polls)) if polls else None,
-            "max_kv_usage": max((x[3] for x in polls), default=None),
-            "polls": polls[:: max(1, len(polls) // 300)],
-            "metrics_delta": d,
-            "cache_config": cc,
-        }
-        self.res["kv"] = res
-        self.log(
-            f"kv: {n} x ({p}+{o}) on {kv} tokens: makespan {mk:.2f} s, e2e p50 {res['e2e_s_p50']:.2f} "
-            f"p99 {res['e2e_s_p99']:.2f} s, preemptions {res['preemptions']}, max waiting {res['max_waiting']}"
-        )
-
     def run(self) -> None:
         text, _ = self.metrics()
-        self.res["meta"]["metric_names"] = sorted(
-            {re.split(r"[{ ]", ln)[0] for ln in text.splitlines() if ln.startswith("vllm:")}
-        )
-        self.res["meta"]["cache_config"] = labels_of(text, "vllm:cache_config_info")
-        t0 = time.time()
+        self.res["meta"]["cache_config"] = cache_config(text)
         self.warmup()
         self.save()
-        for ph in self.a.phases:
-            if self.late():
-                self.log(f"deadline passed, skipping {ph}")
-                self.res.setdefault("skipped", []).append(ph)
-                continue
+        for phase in self.a.phases:
             t = time.time()
-            getattr(self, f"phase_{ph}")()
-            self.res["meta"][f"wall_{ph}_s"] = round(time.time() - t, 1)
+            getattr(self, f"phase_{phase}")()
+            self.res["meta"][f"wall_{phase}_s"] = round(time.time() - t, 1)
             self.save()
-        self.res["meta"]["wall_s"] = round(time.time() - t0, 1)
-        self.save()
-        if self.pool:
+        if self.pool is not None:
             self.pool.close()
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument(
-        "--phases",
-        default="ttft,tpot,mix,saturation",
-        help=f"comma list of {','.join(PHASES)} (kv only makes sense on a small-KV server)",
-    )
-    ap.add_argument(
-        "--procs",
-        type=int,
-        default=max(1, min(8, (os.cpu_count() or 2) // 2)),
-        help="client processes the streams are spread over",
-    )
+    ap.add_argument("--url", required=True, help="the worker's base URL")
+    ap.add_argument("--model", required=True, help="its served model name")
+    ap.add_argument("--out", required=True, help="the probe's results (JSON), for fit_profile.py")
+    ap.add_argument("--phases", default=",".join(PHASES), help=f"comma list of {','.join(PHASES)}")
+    ap.add_argument("--procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+                    help="client processes the streams are spread over")  # fmt: skip
     ap.add_argument("--speedup", type=float, default=1.0, help="the server's time speedup; times are scaled back")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="brief's prompt lengths only, short warm-up")
-    ap.add_argument("--deadline", type=float, default=0, help="epoch seconds after which phases are skipped")
     ap.add_argument("--request-timeout", type=float, default=300)
-    ap.add_argument("--max-model-len", type=int, default=16384)
-    ap.add_argument("--max-batch", type=int, default=128)
-    ap.add_argument("--tpot-out", type=int, default=128)
-    ap.add_argument("--batches", default=",".join(map(str, TPOT_BATCHES)), help="tpot batch sizes")
-    ap.add_argument("--mix-batch", type=int, default=32)
-    ap.add_argument("--mix-out", type=int, default=0, help="decode length of the mix streams (0: ~3 s of decode)")
-    ap.add_argument("--mix-inject", default="2048,8192")
-    ap.add_argument("--mix-at", default="", help="injection times in s after the batch start (default: 1/3, 2/3)")
-    ap.add_argument("--sat-streams", type=int, default=256)
-    ap.add_argument("--sat-prompt", type=int, default=128)
-    ap.add_argument("--sat-out", type=int, default=256)
-    ap.add_argument("--sat-stream", type=int, default=1, help="also run the saturation probe streaming (1/0)")
-    ap.add_argument("--kv-tokens", type=int, default=0, help="KV budget (default: from vllm:cache_config_info)")
-    ap.add_argument("--kv-factor", type=float, default=4.0)
-    ap.add_argument("--kv-n", type=int, default=0)
-    ap.add_argument("--kv-prompt", type=int, default=1024)
-    ap.add_argument("--kv-out", type=int, default=1024)
-    ap.add_argument("--poll-s", type=float, default=0.1)
-    ap.add_argument("--reps", type=int, default=3, help="psweep repetitions")
+    ap.add_argument("--max-model-len", type=int, default=16384, help="the server's: longer TTFT prompts are skipped")
     ap.add_argument("--ttft-reps", type=int, default=3, help="measured requests per prompt length (median)")
-    ap.add_argument("--reps-decode", type=int, default=2, help="dsweep repetitions")
-    ap.add_argument("--dsweep-out", type=int, default=64)
-    ap.add_argument("--dsweep-max-tokens", type=int, default=70000, help="skip dsweep batches with more prompt tokens")
+    ap.add_argument("--batches", type=_ints, default=list(TPOT_BATCHES), help="tpot batch sizes")
+    ap.add_argument("--tpot-out", type=int, default=128, help="tokens each tpot stream decodes")
+    ap.add_argument("--mix-batch", type=int, default=32)
+    ap.add_argument("--mix-out", type=int, default=640, help="tokens each mix stream decodes (a few seconds' worth)")
+    ap.add_argument("--mix-inject", type=_ints, default=[2048, 8192], help="prompt lengths injected into the batch")
+    ap.add_argument("--mix-at", type=lambda s: [float(x) for x in s.split(",") if x], default=[0.8, 1.6],
+                    help="when each is sent (seconds after the batch, modelled time)")  # fmt: skip
     a = ap.parse_args(argv)
     a.phases = [p for p in a.phases.split(",") if p]
-    bad = [p for p in a.phases if p not in PHASES]
-    if bad:
+    if bad := [p for p in a.phases if p not in PHASES]:
         ap.error(f"unknown phase(s) {bad}")
-    a.mix_inject = [int(x) for x in a.mix_inject.split(",") if x]
-    a.mix_at = [float(x) for x in a.mix_at.split(",") if x]
-    a.batches = [int(x) for x in a.batches.split(",") if x]
+    if len(a.mix_at) != len(a.mix_inject):
+        ap.error("--mix-at needs one time per --mix-inject length")
     Probe(a).run()
 
 

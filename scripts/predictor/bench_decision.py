@@ -16,14 +16,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from chimera_bench.workloads import make_workflow
 from predictor import artifact
 from predictor.model import ModelSlot, PriorPredictor
 from predictor.prior import profile_for
 from predictor.sketch import prefix_hashes, prompt_text, task_text, text_features
-from router.bench.workloads import make_workflow
-from router.config import PolicyOptions
+from router.core.config import PolicyOptions
+from router.core.types import BackendView, FleetSnapshot, RequestFeatures
 from router.policies.predictive import make_predictive
-from router.types import BackendView, FleetSnapshot, RequestFeatures
 
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b")
 

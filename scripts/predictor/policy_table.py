@@ -1,4 +1,4 @@
-"""The policy comparison table of docs/PREDICTOR.md from a ``chimera bench`` results.json.
+"""Policies side by side from a ``chimera bench`` results.json of several seeds (docs/benchmarks.md).
 
     python scripts/predictor/policy_table.py logs/pred-bench-final/results.json
 
@@ -20,8 +20,6 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
-
-MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b")
 
 
 def _ms(values: list[float], digits: int = 0) -> str:
@@ -57,8 +55,9 @@ def main() -> None:
     cells: dict[tuple[str, float], dict[int, dict[str, Any]]] = defaultdict(dict)
     for e in entries:
         cells[(e["policy"], float(e["config"]["rate"]))][int(e["config"]["seed"])] = e
+    models = sorted({m for e in entries for m in e.get("model_share") or {}})
     print("| policy | rate | seeds | req | wf e2e p50 (ms) | round_robin ÷ this | least_outstanding ÷ this "
-          "| success % | SLA % | goodput rps | TTFT p99 | e2e p90 | model share 0.5B/1.5B/7B/14B |"
+          f"| success % | SLA % | goodput rps | TTFT p99 | e2e p90 | model share % {' / '.join(models)} |"
           + (" strict success % |" if args.logs else ""))  # fmt: skip
     print("|---" * (14 if args.logs else 13) + "|")
     for (policy, rate), by_seed in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -69,7 +68,7 @@ def main() -> None:
             ref = cells.get((base, rate), {})
             r = [ref[s]["workflow_e2e_ms"]["p50"] / by_seed[s]["workflow_e2e_ms"]["p50"] for s in seeds if s in ref]
             ratios.append(_ms(r, 2) + "\u00d7" if r else "—")
-        share = [statistics.mean(by_seed[s].get("model_share", {}).get(m, 0.0) for s in seeds) for m in MODELS]
+        share = [statistics.mean(by_seed[s].get("model_share", {}).get(m, 0.0) for s in seeds) for m in models]
         req = sum(by_seed[s]["requests"] for s in seeds) / len(seeds)
         print(f"| {policy} | {rate:g} | {len(seeds)} | {req:.0f} | {_ms(wf)} | {ratios[0]} | {ratios[1]} "
               f"| {_ms([100 * by_seed[s]['task_success'] for s in seeds], 1)} "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import math
 import socket
 import threading
@@ -11,7 +10,6 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import pytest
@@ -235,20 +233,57 @@ def test_serve_groups_sim_backends_by_gpu() -> None:
     assert "--also" not in sim_command(*sim_groups(cfg.backends)[1])
 
 
-def test_the_fit_and_the_sim_run_the_same_model(make_engine: Callable[..., Engine]) -> None:
-    # scripts/calibrate/colocate.py fits the sim's constants with its own closed-loop copy of the model
-    spec = importlib.util.spec_from_file_location(
-        "colocate", Path(__file__).parents[2] / "scripts/calibrate/colocate.py"
-    )
-    assert spec is not None and spec.loader is not None
-    colocate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(colocate)
+def timeslice_periods(cpu: dict[str, float], gpu: dict[str, float], q: float, switch: float,
+                      horizon: float = 600.0) -> dict[str, float]:  # fmt: skip
+    """A reference for :class:`SharedGPU`, written apart from it: the mean step period (ms) of each worker
+    decoding back to back on one time-sliced GPU, as a closed loop. A step is ``cpu[m]`` of CPU work (its own,
+    not shared), then ``gpu[m]`` of GPU work; contexts with GPU work take turns in round-robin order; a turn
+    lasts ``min(remaining, q)``; handing the GPU to another context first costs ``switch``; a context whose
+    turn ends with work left goes to the back of the queue."""
+    names = list(cpu)
+    cpu_end: dict[str, float | None] = {m: cpu[m] * k / len(names) for k, m in enumerate(names)}  # staggered
+    rem = dict.fromkeys(names, 0.0)
+    queue: list[str] = []
+    done: dict[str, list[float]] = {m: [] for m in names}
+    cur: str | None = None
+    last: str | None = None
+    t = turn_end = 0.0
+    while t < horizon:
+        ready = [(v, m) for m, v in cpu_end.items() if v is not None]
+        first = min(ready) if ready else (float("inf"), "")
+        if cur is not None and turn_end <= first[0]:
+            t, m = turn_end, cur
+            cur = None
+            if rem[m] <= 1e-12:
+                done[m].append(t)
+                cpu_end[m] = t + cpu[m]
+            else:
+                queue.append(m)
+        else:
+            t, m = first
+            cpu_end[m] = None
+            rem[m] = gpu[m]
+            queue.append(m)
+        if cur is None and queue:
+            cur = queue.pop(0)
+            run = min(rem[cur], q)
+            rem[cur] -= run
+            turn_end = t + (switch if last not in (None, cur) else 0.0) + run
+            last = cur
+    out = {}
+    for m, ts in done.items():
+        ts = [x for x in ts if x > 0.25 * horizon]
+        out[m] = (ts[-1] - ts[0]) / (len(ts) - 1) if len(ts) > 1 else float("nan")
+    return out
+
+
+def test_the_sim_time_slices_as_the_reference_model(make_engine: Callable[..., Engine]) -> None:
     steps = {"a": (0.0014, 0.0006), "b": (0.001, 0.0016), "c": (0.0003, 0.0043)}  # (CPU, GPU) seconds
     engines = {m: make_engine(step_time_s={"base": c + g, "decode_seqs": 0.0}, gpu_share=g / (c + g))
                for m, (c, g) in steps.items()}  # fmt: skip
     gpu = SharedGPU(list(engines.values()), timeslice=0.00144, switch=0.0005)
     _virtual(gpu, [(0.0, e, _req(i, 10_000)) for i, e in enumerate(engines.values())], until=1.0)  # all busy
-    model = colocate.timeslice_periods({m: 1e3 * c for m, (c, _) in steps.items()},
-                                       {m: 1e3 * g for m, (_, g) in steps.items()}, 1.44, 0.5, jitter=0.0)  # fmt: skip
+    model = timeslice_periods({m: 1e3 * c for m, (c, _) in steps.items()},
+                              {m: 1e3 * g for m, (_, g) in steps.items()}, 1.44, 0.5)  # fmt: skip
     for m, e in engines.items():
         assert _itl(e) * 1e3 == pytest.approx(model[m], rel=0.03)

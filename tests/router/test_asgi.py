@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 from starlette.requests import ClientDisconnect
-from starlette.types import Message, Send
 
-from router.core.asgi import header_map
+from router.core.asgi import Message, Send, header_map
 from router.core.errors import BodyTooLarge
 from router.edge import request_body as read_body
 from router.proxy import run_until_disconnect
