@@ -19,7 +19,9 @@ from typing import Any
 from predictor.model import Sample
 from predictor.prior import profile_for
 from predictor.sketch import SKETCH_DIM
-from router.core.types import BackendView, RequestFeatures
+from router.core.types import BackendView, Endpoint, RequestFeatures
+
+_ENDPOINTS: dict[str, Endpoint] = {"chat": "chat", "completions": "completions", "responses": "responses"}
 
 
 def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
@@ -87,7 +89,7 @@ def to_sample(rec: Mapping[str, Any], remaining: int | None = None, score: float
     backend, model = rec["backend"], rec["model"]
     features = RequestFeatures(
         agent=rec.get("agent") or "",
-        endpoint="chat" if rec.get("endpoint") == "chat" else "completions",
+        endpoint=_ENDPOINTS.get(rec.get("endpoint") or "", "completions"),
         models=(model,),
         prompt_tokens=int(rec.get("prompt_tokens_est") or rec.get("prompt_tokens") or 0),
         max_tokens=rec.get("max_tokens"),

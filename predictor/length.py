@@ -37,7 +37,7 @@ def length_row(f: RequestFeatures, agent_code: float, model_code: float, text_le
         float(f.max_tokens) if f.max_tokens else -1.0,
         float(f.message_count),
         -1.0 if f.workflow_stage is None else float(f.workflow_stage),
-        1.0 if f.endpoint == "chat" else 0.0,
+        0.0 if f.endpoint == "completions" else 1.0,  # chat and the Responses API: messages
         *sketch,
         text_len,
     ]

@@ -33,13 +33,39 @@ TEXT_CHARS = 64 * 1024  # the text gathered from a body is cut here (prefix bloc
 _VECTORIZER = HashingVectorizer(n_features=N_TERMS, analyzer=str.split, alternate_sign=True, norm=None)
 
 
+def messages_of(endpoint: str, payload: Any) -> list[Any]:
+    """A chat's messages; a Responses API request's ``instructions`` and ``input`` as messages (its items'
+    text in ``content``: a function call's arguments, a call output's ``output``); else ``[]``."""
+    if endpoint == "chat":
+        messages = payload.get("messages")
+        return messages if isinstance(messages, list) else []
+    if endpoint != "responses":
+        return []
+    out: list[Any] = []
+    if isinstance(payload.get("instructions"), str):
+        out.append({"role": "system", "content": payload["instructions"]})
+    items = payload.get("input")
+    if isinstance(items, str):
+        return [*out, {"role": "user", "content": items}]
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, dict):
+            continue
+        if "role" in item:
+            out.append(item)
+        elif item.get("type") == "function_call_output":
+            out.append({"role": "tool", "content": item.get("output")})
+        elif item.get("type") == "function_call":
+            out.append({"role": "assistant", "content": f"{item.get('name', '')} {item.get('arguments', '')}"})
+    return out
+
+
 def prompt_text(endpoint: str, payload: Any, limit: int = TEXT_CHARS) -> str:
     """The prompt's text as the simulator sees it (a chat: each message's role, then its content),
     cut at ``limit`` characters. Token-id prompts have no text: ``""``."""
     parts: list[str] = []
     size = 0
-    if endpoint == "chat":
-        for m in payload.get("messages") or ():
+    if endpoint in ("chat", "responses"):
+        for m in messages_of(endpoint, payload):
             if not isinstance(m, dict):
                 continue
             parts.append(str(m.get("role", "")))
@@ -63,8 +89,8 @@ def prompt_text(endpoint: str, payload: Any, limit: int = TEXT_CHARS) -> str:
 def task_text(endpoint: str, payload: Any, limit: int = TASK_CHARS) -> str:
     """What the request asks: a chat's first user message (a multi-agent workflow's shared task), else
     the prompt's head; cut at ``limit`` characters."""
-    if endpoint == "chat":
-        for m in payload.get("messages") or ():
+    if endpoint in ("chat", "responses"):
+        for m in messages_of(endpoint, payload):
             if isinstance(m, dict) and m.get("role") == "user":
                 content = m.get("content")
                 if isinstance(content, list):

@@ -43,6 +43,7 @@ from router.core.types import Policy
 from router.gateway import STATE_KEY, Gateway
 from router.metrics import Metrics
 from router.middleware import RequestContextMiddleware
+from router.passthrough import Passthrough, get_version
 from router.policies import USES_PREDICTOR, create_policy
 from router.priority import make_priority
 from router.requestlog import RequestLog
@@ -110,6 +111,11 @@ def create_app(
     routes = [
         Route(paths.CHAT_COMPLETIONS, edge.Completion("chat"), methods=["POST"]),
         Route(paths.COMPLETIONS, edge.Completion("completions"), methods=["POST"]),
+        Route(paths.RESPONSES, edge.Completion("responses"), methods=["POST"]),
+        Route(paths.TOKENIZE, Passthrough(paths.TOKENIZE), methods=["POST"]),
+        Route(paths.DETOKENIZE, Passthrough(paths.DETOKENIZE), methods=["POST"]),
+        Route(paths.EMBEDDINGS, Passthrough(paths.EMBEDDINGS), methods=["POST"]),
+        Route(paths.VERSION, get_version, methods=["GET"]),
         Route(paths.MODELS, edge.list_models, methods=["GET"]),
         Route(paths.MODELS + "/{model:path}", edge.get_model, methods=["GET"]),
         Route(paths.FEEDBACK, feedback.post_feedback, methods=["POST"]),

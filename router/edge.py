@@ -160,9 +160,10 @@ def client_error_response(exc: ClientError) -> JSONResponse:
 
 
 async def list_models(request: Request) -> JSONResponse:
-    """GET /v1/models: the models the caller's agent may use, and ``auto``."""
+    """GET /v1/models: ``auto`` first (a client that takes the first model, as guidellm does, is then routed),
+    then the models the caller's agent may use."""
     agent = gateway_of(request).agents.resolve(request.headers)
-    return JSONResponse({"object": "list", "data": [_model_card(m) for m in (*agent.models, AUTO_MODEL)]})
+    return JSONResponse({"object": "list", "data": [_model_card(m) for m in (AUTO_MODEL, *agent.models)]})
 
 
 async def get_model(request: Request) -> JSONResponse:

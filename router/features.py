@@ -7,6 +7,7 @@ simulator-only ``sim`` field, and it never tokenizes: the prompt-token estimate 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,7 +52,12 @@ def parse_body(endpoint: Endpoint, body: Any) -> ParsedBody:
         raise BadRequest("n must be a positive integer", param="n", code="invalid_type")
     if endpoint == "chat":
         prompt_tokens, count = _messages_tokens(body.get("messages"))
+        prompt_tokens += _schema_tokens(body)
         sequences = n or 1
+    elif endpoint == "responses":
+        prompt_tokens, count = _input_tokens(body.get("input"), body.get("instructions"))
+        prompt_tokens += _schema_tokens(body)
+        sequences = 1
     else:
         prompt_tokens, count = _prompt_tokens(body.get("prompt"))
         sequences = (n or 1) * count  # vLLM answers each prompt of the batch n times
@@ -59,12 +65,15 @@ def parse_body(endpoint: Endpoint, body: Any) -> ParsedBody:
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
-    # As vLLM reads it: max_completion_tokens wins over the older max_tokens.
+    # As vLLM reads it: max_completion_tokens wins over the older max_tokens (the Responses API's is
+    # max_output_tokens). An integral float (256.0) is an integer, as JSON and vLLM's pydantic count it.
     value: int | None = None
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         v = body.get(key)
         if v is None:
             continue
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise BadRequest(f"{key} must be a positive integer", param=key, code="invalid_type")
         value = v
@@ -94,8 +103,50 @@ def _messages_tokens(messages: Any) -> tuple[int, int]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest(f"messages[{i}] must be an object with a role", param=f"messages[{i}]",
                              code="invalid_type")  # fmt: skip
-        tokens += estimate_tokens(_content_text(m.get("content"))) + MESSAGE_OVERHEAD_TOKENS
+        tokens += estimate_tokens(_item_text(m)) + MESSAGE_OVERHEAD_TOKENS
     return tokens, len(messages)
+
+
+def _schema_tokens(body: Mapping[str, Any]) -> int:
+    """What the chat template adds for ``tools`` and a ``response_format`` schema: the JSON the model reads."""
+    total = 0
+    for key in ("tools", "response_format"):
+        value = body.get(key)
+        if value:
+            total += estimate_tokens(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+    return total
+
+
+def _item_text(item: Mapping[str, Any]) -> str:
+    """The text of one Responses API input item (a message, a function call or its output) or chat message:
+    its content, and a call's name and arguments."""
+    text = _content_text(item.get("content"))
+    for key in ("output", "arguments", "name"):  # function_call_output / function_call items
+        value = item.get(key)
+        if isinstance(value, str):
+            text = f"{text} {value}" if text else value
+    calls = item.get("tool_calls")  # an assistant message's calls: the template renders their arguments
+    if isinstance(calls, list):
+        text += " " + json.dumps(calls, separators=(",", ":"), ensure_ascii=False)
+    return text
+
+
+def _input_tokens(input_: Any, instructions: Any) -> tuple[int, int]:
+    """The Responses API's prompt: ``instructions`` (a system message) and ``input`` (a string, or items)."""
+    tokens, count = 0, 0
+    if isinstance(instructions, str) and instructions:
+        tokens, count = estimate_tokens(instructions) + MESSAGE_OVERHEAD_TOKENS, 1
+    if input_ is None:
+        raise BadRequest("you must provide an input parameter", param="input", code="missing_required_parameter")
+    if isinstance(input_, str):
+        return tokens + estimate_tokens(input_) + MESSAGE_OVERHEAD_TOKENS, count + 1
+    if not isinstance(input_, list) or not input_:
+        raise BadRequest("input must be a string or a non-empty array of items", param="input", code="invalid_type")
+    for i, item in enumerate(input_):
+        if not isinstance(item, dict):
+            raise BadRequest(f"input[{i}] must be an object", param=f"input[{i}]", code="invalid_type")
+        tokens += estimate_tokens(_item_text(item)) + MESSAGE_OVERHEAD_TOKENS
+    return tokens, count + len(input_)
 
 
 def _prompt_tokens(prompt: Any) -> tuple[int, int]:

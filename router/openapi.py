@@ -91,6 +91,27 @@ _SCHEMAS: dict[str, Any] = {
         },
     },
     "ChatMessage": _MESSAGE,
+    "ResponseRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "additionalProperties": True,
+        "properties": {
+            "model": _COMMON["model"],
+            "stream": _COMMON["stream"],
+            "input": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "minItems": 1, "items": {"type": "object"}},
+                ],
+                "description": "the prompt: a string, or input items (messages, function calls and their outputs)",
+            },
+            "instructions": {"type": "string"},
+            "max_output_tokens": {"type": "integer", "minimum": 1},
+            "tools": {"type": "array", "items": {"type": "object"}},
+            "temperature": _COMMON["temperature"],
+            "top_p": _COMMON["top_p"],
+        },
+    },
     "CompletionRequest": {
         "type": "object",
         "required": ["model", "prompt"],
@@ -117,6 +138,12 @@ _SCHEMAS: dict[str, Any] = {
             "choices": {"type": "array"},
             "usage": {"type": "object"},
         },
+    },
+    "ModelRequest": {
+        "type": "object",
+        "required": ["model"],
+        "additionalProperties": True,
+        "properties": {"model": {"type": "string", "minLength": 1}},
     },
     "ModelList": {
         "type": "object",
@@ -167,8 +194,9 @@ def _completion_op(summary: str, schema: str) -> dict[str, Any]:
         "requestBody": {"required": True, **_json_body(schema)},
         "responses": {
             "200": {
-                "description": "the worker's answer; with `stream: true` an SSE stream that ends with `data: [DONE]`, "
-                "or, where the worker broke mid-way, an error event in OpenAI's envelope",
+                "description": "the worker's answer; with `stream: true` an SSE stream that ends with `data: [DONE]` "
+                "(the Responses API: with its `response.completed` event), or, where the worker broke mid-way, an "
+                "error event in OpenAI's envelope",
                 "headers": {
                     "X-Chimera-Backend": {"schema": {"type": "string"}},
                     "X-Chimera-Policy": {"schema": {"type": "string"}},
@@ -205,6 +233,7 @@ def openapi_document(config: Config) -> dict[str, Any]:
         "paths": {
             paths.CHAT_COMPLETIONS: {"post": _completion_op("Chat completion", "ChatCompletionRequest")},
             paths.COMPLETIONS: {"post": _completion_op("Text completion", "CompletionRequest")},
+            paths.RESPONSES: {"post": _completion_op("Response (the Responses API)", "ResponseRequest")},
             paths.MODELS: {
                 "get": _get_op(
                     "Models this caller's agent may use", _json_body("ModelList") | {"description": "ok"}, ("401",)
@@ -221,6 +250,24 @@ def openapi_document(config: Config) -> dict[str, Any]:
                     "responses": {"200": json_ok, "400": _ERROR, "401": _ERROR, "413": _ERROR},
                 }
             },
+            **{
+                path: {
+                    "post": {
+                        "summary": summary,
+                        "requestBody": {"required": True, **_json_body("ModelRequest")},
+                        "responses": {
+                            "200": json_ok,
+                            **{c: _ERROR for c in ("400", "401", "403", "404", "413", "502", "503", "504")},
+                        },
+                    }
+                }
+                for path, summary in (
+                    (paths.TOKENIZE, "Tokenize with the model's tokenizer (vLLM's, passed to a worker)"),
+                    (paths.DETOKENIZE, "Detokenize with the model's tokenizer (vLLM's, passed to a worker)"),
+                    (paths.EMBEDDINGS, "Embeddings (passed to a worker serving the model)"),
+                )
+            },
+            paths.VERSION: {"get": _get_op("The gateway's version", json_ok)},
             paths.HEALTH: {"get": _get_op("The gateway process is up", json_ok)},
             paths.READY: {"get": _get_op("At least one worker is healthy", json_ok, ("503",))},
             paths.METRICS: {
@@ -251,7 +298,7 @@ def openapi_document(config: Config) -> dict[str, Any]:
     }
     if config.uses_keys:
         doc["security"] = [{"agentKey": []}]
-        for path in (paths.HEALTH, paths.READY, paths.METRICS, paths.FLEET, paths.OPENAPI):
+        for path in (paths.HEALTH, paths.READY, paths.METRICS, paths.FLEET, paths.OPENAPI, paths.VERSION):
             doc["paths"][path]["get"].setdefault("security", [])
     return doc
 

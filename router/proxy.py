@@ -47,6 +47,7 @@ from router.core.types import BackendView, Decision, FleetSnapshot, Policy, Requ
 from router.features import prefill_tokens, reserved_tokens
 from router.gateway import Gateway
 from router.ratelimit import refund_rate_limits
+from router.requestlog import RequestRecord
 from router.sse import SSECutter
 from router.state.base import Feedback, FleetView, LoadLedger, Reservation
 
@@ -115,7 +116,7 @@ class ProxyResponse:
                 await self.load.record_result(name, False)
         assert last is not None
         rec.outcome, rec.error = "worker_error", type(last).__name__
-        err = _client_error(last)
+        err = client_error(last)
         await JSONResponse(err.envelope(), err.status_code, headers=self._headers(last.backend))(scope, receive, send)
 
     async def _attempt(self, name: str, view: BackendView | None, send: Send) -> bool:
@@ -171,11 +172,10 @@ class ProxyResponse:
         rec = self.call.record
         body = await opened.read_rest()
         if opened.status_code < 400:
-            usage = _usage_of(body, opened.backend)
-            rec.prompt_tokens = _int(usage.get("prompt_tokens")) or rec.prompt_tokens
-            rec.completion_tokens = _int(usage.get("completion_tokens"))
-            rec.completion_tokens_exact = rec.completion_tokens is not None
+            _count_usage(rec, _usage_of(body, opened.backend))
             rec.outcome = "ok"
+        else:  # the caller's mistake, as the worker words it, in the gateway's envelope
+            body = json.dumps(worker_error_envelope(opened.status_code, body)).encode()
         await self.load.record_result(opened.backend, True)
         headers = [(k.encode(), v.encode()) for k, v in self._headers(opened.backend, opened).items()]
         headers.append((b"content-length", str(len(body)).encode()))
@@ -192,7 +192,7 @@ class ProxyResponse:
         # TTFT is taken at the first *content* event: a chat stream may open with a role-only event
         # before any token exists (the simulator sends it at once), which is not a first token.
         opening = self.call.features.endpoint == "chat"
-        cutter = SSECutter()
+        cutter = SSECutter(responses=self.call.features.endpoint == "responses")
         headers = [(k.encode(), v.encode()) for k, v in self._headers(opened.backend, opened).items()]
         await send({"type": "http.response.start", "status": opened.status_code, "headers": headers})
         try:
@@ -223,18 +223,15 @@ class ProxyResponse:
             rec.outcome, rec.error = "worker_error", type(exc).__name__
             gw.metrics.worker_failed(opened.backend, type(exc).__name__)
             await self.load.record_result(opened.backend, False)
-            event = b"data: " + json.dumps(_client_error(exc).envelope()).encode() + b"\n\n"
+            event = b"data: " + json.dumps(client_error(exc).envelope()).encode() + b"\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": False})
             return
         rec.e2e_s = time.perf_counter() - rec.started
         if rec.ttft_s is None and cutter.content_events(opening_event=opening):
             rec.ttft_s = rec.e2e_s  # the first content came with the end of the answer
-        usage = cutter.usage or {}
-        rec.prompt_tokens = _int(usage.get("prompt_tokens")) or rec.prompt_tokens
-        rec.completion_tokens = _int(usage.get("completion_tokens"))
-        rec.completion_tokens_exact = rec.completion_tokens is not None
+        _count_usage(rec, cutter.usage or {})
         if rec.completion_tokens is None:
-            rec.completion_tokens = cutter.content_events(opening_event=self.call.features.endpoint == "chat")
+            rec.completion_tokens = cutter.content_events(opening_event=opening)
         rec.outcome = "ok"
         await self.load.record_result(opened.backend, True, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s,
                                      feedback=self._feedback(opened.backend))  # fmt: skip
@@ -313,12 +310,40 @@ async def run_until_disconnect(
     return False
 
 
-def _client_error(exc: WorkerError) -> ClientError:
+def client_error(exc: WorkerError) -> ClientError:
     if isinstance(exc, WorkerTimeout):
         return UpstreamTimedOut(str(exc))
     if isinstance(exc, WorkerStatusError):
         return UpstreamFailed(f"{exc}: {_worker_message(exc.body)}")
     return UpstreamFailed(str(exc))
+
+
+#: The gateway's error type and code for a worker's own 4xx (OpenAI's names), where the worker gave no string code.
+_WORKER_4XX = {
+    400: ("invalid_request_error", "invalid_request"),
+    401: ("authentication_error", "invalid_api_key"),
+    403: ("permission_error", "forbidden"),
+    404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    413: ("invalid_request_error", "request_too_large"),
+    422: ("invalid_request_error", "invalid_request"),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+}
+
+
+def worker_error_envelope(status: int, body: bytes) -> dict[str, dict[str, str | None]]:
+    """A worker's 4xx answer in OpenAI's envelope with the gateway's types and string codes: vLLM writes its own
+    (``"type": "BadRequestError"``, ``"code": 400``); the worker's message and ``param`` are kept."""
+    try:
+        err = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        err = None
+    err = err if isinstance(err, dict) else {}
+    kind, code = _WORKER_4XX.get(status, ("invalid_request_error", "worker_error"))
+    param, own = err.get("param"), err.get("code")
+    return {"error": {"message": _worker_message(body), "type": kind,
+                      "param": param if isinstance(param, str) else None,
+                      "code": own if isinstance(own, str) and own else code}}  # fmt: skip
 
 
 def _worker_message(body: bytes) -> str:
@@ -329,6 +354,14 @@ def _worker_message(body: bytes) -> str:
         msg = None
     text = msg if isinstance(msg, str) else body.decode("utf-8", "replace")
     return text[:300] or "(no body)"
+
+
+def _count_usage(rec: RequestRecord, usage: dict[str, Any]) -> None:
+    """The answer's token counts from its ``usage``: chat's and completions' names, or the Responses API's."""
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    rec.prompt_tokens = _int(prompt) or rec.prompt_tokens
+    rec.completion_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))
+    rec.completion_tokens_exact = rec.completion_tokens is not None
 
 
 def _usage_of(body: bytes, backend: str) -> dict[str, Any]:

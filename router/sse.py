@@ -5,6 +5,10 @@ arrives), so a stream that breaks mid-way, or ends without ``data: [DONE]``, can
 clean error event instead of leaving half an event for the client's parser or passing for whole.
 On the way it counts ``data:`` events and keeps the ``usage`` of the last event that reports one;
 it parses JSON only for events that mention ``"usage"`` with a value, i.e. usually once per stream.
+
+A Responses API stream (``responses=True``) is typed events (``event: response.output_text.delta``) that end
+with ``response.completed`` (or ``.incomplete`` / ``.failed``) instead of ``data: [DONE]``, and reports its
+usage inside that last event's ``response``; its content events are the deltas.
 """
 
 from __future__ import annotations
@@ -14,12 +18,17 @@ import re
 from typing import Any
 
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n")
+# a Responses stream's last event, and its content events, by their `event:` line or their data's "type"
+_FINAL = re.compile(rb'(?:^|\n)(?:event: ?|data: ?\{"type": ?")response\.(?:completed|incomplete|failed)\b')
+_DELTA = re.compile(rb'(?:^|\n)event: ?response\.(?:output_text|function_call_arguments|refusal)\.delta\b')
 _USAGE = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
 
 
 class SSECutter:
-    def __init__(self) -> None:
+    def __init__(self, *, responses: bool = False) -> None:
+        self.responses = responses
+        self.deltas = 0  # a Responses stream's content events
         self._pending = b""
         self.events = 0  # data events, [DONE] included
         self.done = False  # saw data: [DONE]
@@ -50,13 +59,19 @@ class SSECutter:
     def content_events(self, *, opening_event: bool) -> int:
         """Data events but [DONE] and (``opening_event``: a chat stream's role-only first event);
         about one per generated token, for a worker that reported no usage."""
+        if self.responses:
+            return self.deltas
         return max(0, self.events - int(self.done) - int(opening_event))
 
     def _observe(self, part: bytes) -> None:
         # `part` starts at an event boundary, so a line-start "data:" is either at 0 or after "\n"
         # (a newline inside a JSON string is escaped, so it cannot fake one).
         self.events += part.startswith(b"data:") + part.count(b"\ndata:")
-        if b"[DONE]" in part:
+        if self.responses:
+            self.deltas += len(_DELTA.findall(part))
+            if b"response." in part and _FINAL.search(part):
+                self.done = True
+        elif b"[DONE]" in part:
             self.done = True
         if _USAGE in part and len(_NULL_USAGE.findall(part)) < part.count(_USAGE):
             self._parse_usage(part)
@@ -70,5 +85,7 @@ class SSECutter:
             except ValueError:
                 continue
             usage = event.get("usage") if isinstance(event, dict) else None
+            if usage is None and isinstance(event, dict) and isinstance(event.get("response"), dict):
+                usage = event["response"].get("usage")  # a Responses stream's final event
             if isinstance(usage, dict):
                 self.usage = usage

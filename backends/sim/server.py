@@ -119,7 +119,7 @@ class SimApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         try:
-            if path in paths.COMPLETION_PATHS:
+            if path in (paths.CHAT_COMPLETIONS, paths.COMPLETIONS):
                 if method != "POST":
                     raise SimApiError(405, "Method Not Allowed")
                 body = await _read_body(receive)

@@ -161,7 +161,8 @@ class AgentConfig(_Frozen):
     api_keys: tuple[Annotated[str, Field(min_length=1)], ...] = ()
     """Keys that identify this agent (`Authorization: Bearer KEY`); `${VAR}` reads one from the environment."""
     models: Annotated[tuple[str, ...], Field(min_length=1)]
-    """The served models this agent may use; `model: auto` lets the router choose among them."""
+    """The served models this agent may use (`model: auto`: the router chooses); the order is no preference,
+    each policy chooses by its own rule (a fixed first choice would herd the agent onto one worker)."""
     sla: SLA = SLA()
     """The agent's latency objectives (a request may tighten them with `x-slo-ttft-ms`, `x-slo-tpot-ms`)."""
     priority: NonNegInt = 1

@@ -10,7 +10,13 @@ from router.core.types import Endpoint
 # OpenAI's API, as vLLM's server and the gateway both serve it
 CHAT_COMPLETIONS: Final = "/v1/chat/completions"
 COMPLETIONS: Final = "/v1/completions"
+RESPONSES: Final = "/v1/responses"
 MODELS: Final = "/v1/models"
+EMBEDDINGS: Final = "/v1/embeddings"
+# vLLM's own, beside OpenAI's
+TOKENIZE: Final = "/tokenize"
+DETOKENIZE: Final = "/detokenize"
+VERSION: Final = "/version"
 
 # the gateway's own
 FEEDBACK: Final = "/v1/feedback"
@@ -21,8 +27,12 @@ FLEET: Final = "/fleet"
 OPENAPI: Final = "/openapi.json"
 
 #: The completion endpoints, by path, and the path each forwards to on a worker.
-COMPLETION_PATHS: Final[dict[str, Endpoint]] = {CHAT_COMPLETIONS: "chat", COMPLETIONS: "completions"}
-UPSTREAM_PATHS: Final[dict[Endpoint, str]] = {"chat": CHAT_COMPLETIONS, "completions": COMPLETIONS}
+COMPLETION_PATHS: Final[dict[str, Endpoint]] = {
+    CHAT_COMPLETIONS: "chat",
+    COMPLETIONS: "completions",
+    RESPONSES: "responses",
+}
+UPSTREAM_PATHS: Final[dict[Endpoint, str]] = {v: k for k, v in COMPLETION_PATHS.items()}
 
 #: What a vLLM worker answers that the gateway reads: liveness, its Prometheus metrics, its models.
 WORKER_HEALTH: Final = HEALTH

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "responses"]
 
 
 @dataclass(frozen=True, slots=True)

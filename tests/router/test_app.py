@@ -176,8 +176,8 @@ def test_agent_resolution_without_keys(gateway_server: Gw, fake_server: Any) -> 
     backends = [{"name": "s", "url": url, "model": "small"}, {"name": "b", "url": url2, "model": "big"}]
     gw = gateway_server(make_config(backends, agents=agents, default_agent="chat"))
     with _sdk(gw.url) as default, _sdk(gw.url, default_headers={"X-Agent": "planner"}) as planner:
-        assert [m.id for m in default.models.list()] == ["small", "auto"]
-        assert [m.id for m in planner.models.list()] == ["big", "small", "auto"]
+        assert [m.id for m in default.models.list()] == ["auto", "small"]
+        assert [m.id for m in planner.models.list()] == ["auto", "big", "small"]
         assert planner.models.retrieve("big").id == "big" and default.models.retrieve("auto").id == "auto"
         with pytest.raises(openai.NotFoundError):  # served, but not this agent's
             default.models.retrieve("big")
@@ -282,3 +282,20 @@ def test_fleet_metrics_ready_and_request_log(gateway_server: Gw, two_models: Any
     assert plain["prompt_tokens"] == 7 and plain["completion_tokens"] == 2  # the worker's usage
     assert streamed["stream"] is True and streamed["backend"] == "s0" and streamed["ttft_s"] > 0
     assert streamed["completion_tokens"] == 4 and streamed["e2e_s"] >= streamed["ttft_s"]
+
+
+def test_a_worker_s_own_400_comes_in_the_gateway_s_envelope(gateway_server: Gw, sim_server: Any) -> None:
+    """vLLM words its errors its own way ("type": "BadRequestError", "code": 400); the gateway keeps the message
+    and param and answers with its own type and a string code, as for its own errors."""
+    sim = sim_server(model="m", max_model_len=64)
+    gw = gateway_server(make_config([{"name": "w", "url": sim.url, "model": "m", "max_model_len": 8192}]))
+    direct = httpx.post(sim.url + "/v1/completions", json={"model": "m", "prompt": "w " * 60, "max_tokens": 20})
+    assert direct.status_code == 400 and direct.json()["error"]["code"] == 400  # as vLLM answers
+    r = httpx.post(gw.url + "/v1/completions", json={"model": "auto", "prompt": "w " * 60, "max_tokens": 20})
+    assert r.status_code == 400 and r.headers["x-chimera-backend"] == "w"
+    err = r.json()["error"]
+    assert err == {"message": direct.json()["error"]["message"], "type": "invalid_request_error",
+                   "param": direct.json()["error"]["param"], "code": "invalid_request"}  # fmt: skip
+    with _sdk(gw.url) as client, pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="auto", prompt="w " * 60, max_tokens=20)
+    assert "maximum context length" in info.value.message and info.value.code == "invalid_request"

@@ -161,3 +161,26 @@ def test_serving_gc_freezes_and_raises_the_young_threshold_then_restores() -> No
         assert gc.get_threshold()[0] == max(before[0], YOUNG_GC_THRESHOLD)
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_sse_cutter_reads_a_responses_stream() -> None:
+    """Typed events that end with response.completed (no [DONE]); usage inside its response; deltas as content."""
+
+    def typed(kind: str, data: dict[str, object]) -> bytes:
+        return f"event: {kind}\n".encode() + _event({"type": kind, **data})
+
+    stream = (
+        typed("response.created", {"response": {"id": "r", "usage": None}})
+        + typed("response.output_text.delta", {"delta": "a"})
+        + typed("response.output_text.delta", {"delta": "response.completed"})  # text that looks like the end
+        + typed("response.completed", {"response": {"usage": {"input_tokens": 5, "output_tokens": 2}}})
+    )
+    c = SSECutter(responses=True)
+    out = c.feed(stream[:-30])
+    assert not c.done and c.content_events(opening_event=False) == 2
+    out += c.feed(stream[-30:]) + c.finish()
+    assert out == stream and c.done
+    assert c.usage == {"input_tokens": 5, "output_tokens": 2}
+    cut = SSECutter(responses=True)  # a stream that breaks before its last event is not whole
+    cut.feed(stream[: stream.index(b"event: response.completed")])
+    assert cut.finish() == b"" and not cut.done

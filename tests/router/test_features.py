@@ -144,3 +144,57 @@ def test_integer_headers_are_bounded() -> None:
     assert f.priority == 1000 and f.workflow_stage == 1000  # a 400-digit priority once overflowed a float (500)
     f = build_features("chat", PLANNER, ("big",), parsed, {"x-priority": "-" + "9" * 40}, 0)
     assert f.priority == PLANNER.priority
+
+
+def test_responses_body_features() -> None:
+    body = {"model": "auto", "instructions": "be brief", "max_output_tokens": 64, "stream": True,
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "x" * 40}]},
+                      {"type": "function_call", "call_id": "c1", "name": "get", "arguments": '{"q": "y"}'},
+                      {"type": "function_call_output", "call_id": "c1", "output": "z" * 20}]}  # fmt: skip
+    p = parse_body("responses", body)
+    assert (p.model, p.stream, p.max_tokens, p.message_count, p.sequences) == ("auto", True, 64, 4, 1)
+    items = 10 + estimate_tokens('{"q": "y"} get') + 5
+    assert p.prompt_tokens == 2 + items + 4 * MESSAGE_OVERHEAD_TOKENS
+    assert parse_body("responses", {"model": "m", "input": "one two"}).prompt_tokens == 2 + MESSAGE_OVERHEAD_TOKENS
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({"model": "m"}, "input"), ({"model": "m", "input": []}, "input"), ({"model": "m", "input": 3}, "input"),
+     ({"model": "m", "input": ["x"]}, "input[0]"), ({"model": "m", "input": "x", "max_output_tokens": 0},
+                                                     "max_output_tokens")],
+)  # fmt: skip
+def test_bad_responses_bodies_are_400_naming_the_param(body: Any, param: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        parse_body("responses", body)
+    assert info.value.param == param
+
+
+def test_tools_schemas_and_tool_messages_count_as_prompt() -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "d " * 2000,
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+    plain = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with_tools = parse_body("chat", {**plain, "tools": [tool] * 12}).prompt_tokens
+    assert with_tools > 12 * 1000  # the 49 KB of tools a framework sends are most of the prompt
+    fmt = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object", "properties": {}}}}
+    assert parse_body("chat", {**plain, "response_format": fmt}).prompt_tokens > parse_body("chat", plain).prompt_tokens
+    call = {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "search", "arguments": '{"q": "' +
+                                                                        "w " * 100 + '"}'}}]}  # fmt: skip
+    history = {
+        "model": "m",
+        "messages": [*plain["messages"], call, {"role": "tool", "tool_call_id": "c", "content": "r " * 50}],
+    }
+    assert parse_body("chat", history).prompt_tokens > 150
+
+
+def test_an_integral_float_is_an_integer() -> None:
+    assert parse_body("chat", {"model": "m", "messages": [{"role": "u"}], "max_tokens": 1.0}).max_tokens == 1
+    with pytest.raises(BadRequest):
+        parse_body("chat", {"model": "m", "messages": [{"role": "u"}], "max_tokens": 1.5})

@@ -1,0 +1,82 @@
+"""vLLM's other endpoints that clients call, beside the completions.
+
+``POST /tokenize``, ``/detokenize`` and ``/v1/embeddings`` go to a healthy worker serving the model the body
+names (``auto`` or the agent's name: the agent's first model), the least busy first, and are retried on the
+next one before the first byte as a completion is; the answer is passed through, a worker's own 4xx in the
+gateway's envelope. They reserve no load and take no routing decision: tokenizing is the worker's API
+server's work, and an embedding model serves no completions. ``GET /version`` is the gateway's own.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import PackageNotFoundError, version
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from router.core.config import AUTO_MODEL
+from router.core.errors import BadRequest, NoHealthyWorker, WorkerError
+from router.edge import _json, request_body
+from router.features import resolve_models
+from router.gateway import gateway_of
+from router.proxy import client_error, worker_error_envelope
+
+try:
+    VERSION = version("chimera-router")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    VERSION = "0+unknown"
+
+MAX_BODY_BYTES = 1024 * 1024
+
+
+async def get_version(request: Request) -> JSONResponse:
+    """GET /version: the gateway's version, as vLLM answers its own."""
+    return JSONResponse({"version": VERSION})
+
+
+class Passthrough:
+    """A POST endpoint passed to a worker serving the body's model (see the module's docstring)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def __call__(self, request: Request) -> Response:
+        gw = gateway_of(request)
+        named = gw.agents.named(request.headers)
+        limit = min(MAX_BODY_BYTES, gw.config.gateway.max_body_bytes)
+        payload = _json(await request_body(request.receive, request.headers.get("content-length"), limit))
+        model = payload.get("model") if isinstance(payload, dict) else None
+        if not isinstance(model, str) or not model:
+            raise BadRequest("you must provide a model parameter", param="model", code="missing_required_parameter")
+        agent = gw.agents.settle(named, model)
+        models = resolve_models(gw.config, agent, model)
+        if model == AUTO_MODEL or model == agent.name:
+            models = models[:1]  # a tokenizer is the model's own: "auto" means the agent's first
+        views = sorted((v for v in gw.state.snapshot().backends if v.healthy and v.model in models),
+                       key=lambda v: v.inflight_requests)  # fmt: skip
+        if not views:
+            raise NoHealthyWorker(f"no healthy worker serves {', '.join(models)}")
+        last: WorkerError | None = None
+        for view in views[: gw.config.gateway.max_attempts]:
+            backend = gw.config.backend(view.name)
+            assert backend is not None
+            headers = {"content-type": "application/json", "accept-encoding": "identity"}
+            if backend.api_key is not None:
+                headers["authorization"] = "Bearer " + backend.api_key
+            body = json.dumps({**payload, "model": backend.model}, separators=(",", ":")).encode()
+            try:
+                opened = await gw.workers.open(backend, self.path, body, headers, stream=False)
+                try:
+                    answer = await opened.read_rest()
+                finally:
+                    await opened.aclose()
+            except WorkerError as exc:
+                last = exc
+                continue
+            if opened.status_code >= 400:
+                answer = json.dumps(worker_error_envelope(opened.status_code, answer)).encode()
+            return Response(answer, opened.status_code, headers={"x-chimera-backend": backend.name},
+                            media_type="application/json")  # fmt: skip
+        assert last is not None
+        raise client_error(last)
