@@ -48,6 +48,8 @@ def parse_body(endpoint: Endpoint, body: Any) -> ParsedBody:
         raise BadRequest("stream must be a boolean", param="stream", code="invalid_type")
     max_tokens = _max_tokens(body)
     n = body.get("n")
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise BadRequest("n must be a positive integer", param="n", code="invalid_type")
     if endpoint == "chat":

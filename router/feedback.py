@@ -28,11 +28,18 @@ def parse_feedback(body: Any) -> tuple[str, float]:
     rid = body.get("request_id")
     if not isinstance(rid, str) or not rid or len(rid) > 128:
         raise BadRequest("request_id must be a non-empty string", param="request_id", code="invalid_type")
-    if isinstance(body.get("correct"), bool):
-        return rid, 1.0 if body["correct"] else 0.0
-    score = body.get("score")
-    if isinstance(score, bool) or not isinstance(score, int | float) or not 0.0 <= score <= 1.0:
-        raise BadRequest("give score (a number in [0, 1]) or correct (a boolean)", param="score", code="invalid_type")
+    # as the published schema (router.openapi, "Feedback") says: score and correct each of its type where
+    # given, at least one of them; correct wins where both are
+    correct, score = body.get("correct"), body.get("score")
+    if "correct" in body and not isinstance(correct, bool):
+        raise BadRequest("correct must be a boolean", param="correct", code="invalid_type")
+    if "score" in body and (isinstance(score, bool) or not isinstance(score, int | float) or not 0.0 <= score <= 1.0):
+        raise BadRequest("score must be a number in [0, 1]", param="score", code="invalid_type")
+    if correct is not None:
+        return rid, 1.0 if correct else 0.0
+    if score is None:
+        raise BadRequest("give score (a number in [0, 1]) or correct (a boolean)", param="score",
+                         code="missing_required_parameter")  # fmt: skip
     return rid, float(score)
 
 

@@ -152,6 +152,7 @@ _SCHEMAS: dict[str, Any] = {
     "Feedback": {
         "type": "object",
         "required": ["request_id"],
+        "anyOf": [{"required": ["score"]}, {"required": ["correct"]}],
         "properties": {
             "request_id": {"type": "string", "minLength": 1, "maxLength": 128},
             "score": {"type": "number", "minimum": 0, "maximum": 1},

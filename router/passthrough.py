@@ -15,6 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from router.core.asgi import Receive, Scope, Send
 from router.core.config import AUTO_MODEL
 from router.core.errors import BadRequest, NoHealthyWorker, WorkerError
 from router.edge import _json, request_body
@@ -36,12 +37,16 @@ async def get_version(request: Request) -> JSONResponse:
 
 
 class Passthrough:
-    """A POST endpoint passed to a worker serving the body's model (see the module's docstring)."""
+    """A POST endpoint passed to a worker serving the body's model (see the module's docstring), as an ASGI app."""
 
     def __init__(self, path: str) -> None:
         self.path = path
 
-    async def __call__(self, request: Request) -> Response:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.answer(Request(scope, receive))
+        await response(scope, receive, send)
+
+    async def answer(self, request: Request) -> Response:
         gw = gateway_of(request)
         named = gw.agents.named(request.headers)
         limit = min(MAX_BODY_BYTES, gw.config.gateway.max_body_bytes)

@@ -19,6 +19,7 @@ from router.features import (
     reserved_tokens,
     resolve_models,
 )
+from router.feedback import parse_feedback
 from tests.conftest import make_config
 
 CFG = make_config(
@@ -198,3 +199,20 @@ def test_an_integral_float_is_an_integer() -> None:
     assert parse_body("chat", {"model": "m", "messages": [{"role": "u"}], "max_tokens": 1.0}).max_tokens == 1
     with pytest.raises(BadRequest):
         parse_body("chat", {"model": "m", "messages": [{"role": "u"}], "max_tokens": 1.5})
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({"request_id": "0", "score": 0.0, "correct": {}}, "correct"), ({"request_id": "0"}, "score"),
+     ({"request_id": "0", "score": None, "correct": True}, "score"), ({"request_id": "0", "score": 2}, "score"),
+     ({"request_id": "", "score": 1}, "request_id")],
+)  # fmt: skip
+def test_feedback_is_refused_where_its_schema_refuses_it(body: Any, param: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        parse_feedback(body)
+    assert info.value.param == param
+
+
+def test_feedback_takes_what_its_schema_allows() -> None:
+    assert parse_feedback({"request_id": "r", "score": 0.25}) == ("r", 0.25)
+    assert parse_feedback({"request_id": "r", "correct": False, "score": 1}) == ("r", 0.0)
