@@ -42,6 +42,22 @@ _KV_LOG_RE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _LABEL_RE = r'\b{}="(\d+)"'
 
 
+#: vLLM's tool-call parser per model family (by the Hugging Face name, lower case): agent frameworks send
+#: ``tool_choice: auto``, which vLLM refuses unless it runs with ``--enable-auto-tool-choice --tool-call-parser``.
+TOOL_CALL_PARSERS = (("qwen", "hermes"), ("hermes", "hermes"), ("llama-3", "llama3_json"), ("mistral", "mistral"),
+                     ("granite", "granite"), ("internlm", "internlm"), ("deepseek-v3", "deepseek_v3"))  # fmt: skip
+
+
+def tool_calling_args(hf_model: str, extra_args: Sequence[str]) -> list[str]:
+    """vLLM's flags for tool calling with the parser of ``hf_model``'s family; none where ``extra_args``
+    sets them itself or the family is not known (give ``--tool-call-parser`` in ``launch.extra_args``)."""
+    if any(a.startswith(("--tool-call-parser", "--enable-auto-tool-choice")) for a in extra_args):
+        return []
+    name = hf_model.lower()
+    parser = next((p for family, p in TOOL_CALL_PARSERS if family in name), None)
+    return [] if parser is None else ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+
+
 @dataclass(frozen=True)
 class WorkerPlan:
     """Everything needed to start one worker; ``env`` holds only the variables set on top of ours."""
@@ -137,6 +153,7 @@ def plan_workers(cfg: Config, *, python: str = sys.executable, log_dir: str | Pa
             argv += ["--gpu-memory-utilization", f"{int(90 / per_gpu[spec.gpu]) / 100:.2f}"]
         if b.scheduling_policy != "fcfs" and not any(a.startswith("--scheduling-policy") for a in spec.extra_args):
             argv += ["--scheduling-policy", b.scheduling_policy]
+        argv += tool_calling_args(spec.hf_model, spec.extra_args)
         argv += spec.extra_args
         device = visible[spec.gpu] if spec.gpu < len(visible) else str(spec.gpu)
         plans.append(WorkerPlan(

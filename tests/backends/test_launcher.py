@@ -19,11 +19,11 @@ import httpx
 import pytest
 
 from backends import workers_cli
-from backends.launcher import LaunchError, Machine, kv_tokens_from_log, kv_tokens_from_metrics, plan_workers
+from backends.launcher import Machine, kv_tokens_from_log, kv_tokens_from_metrics, plan_workers, tool_calling_args
 from backends.listen import free_port
 from router.cli import _build_parser, main
 from router.core.config import load_config
-from router.core.errors import ConfigError
+from router.core.errors import ConfigError, LaunchError
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).resolve().parent / "fake_vllm"
@@ -87,12 +87,23 @@ def test_plan_pins_gpu_fixes_kv_and_shares_memory(tmp_path: Path) -> None:
     assert a.argv[:3] == ("py", "-m", "vllm.entrypoints.openai.api_server")
     assert a.argv[3:] == ("--model", "Qwen/A", "--served-model-name", "qa", "--host", "127.0.0.1", "--port", "8001",
                           "--max-model-len", "4096", "--kv-cache-memory-bytes", str(16 * 1024**3),
-                          "--gpu-memory-utilization", "0.45")  # fmt: skip
+                          "--gpu-memory-utilization", "0.45",
+                          "--enable-auto-tool-choice", "--tool-call-parser", "hermes")  # fmt: skip
     assert b.argv[-2:] == ("--load-format", "dummy") and str(512 * 1024**2) in b.argv
     assert "--gpu-memory-utilization" not in c.argv  # alone on its GPU: vLLM's default
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["6", "6", "4"]  # index into the visible list
     assert a.env["VLLM_CACHE_ROOT"] == "/c/chimera-a" and a.log_path == tmp_path / "a.log"
     assert a.shell().startswith("CUDA_VISIBLE_DEVICES=6 VLLM_CACHE_ROOT=/c/chimera-a py -m vllm.")
+
+
+def test_tool_calling_is_on_with_the_model_family_s_parser() -> None:
+    """Agent frameworks send tool_choice: auto, which vLLM refuses without a tool-call parser."""
+    on = ["--enable-auto-tool-choice", "--tool-call-parser"]
+    assert tool_calling_args("Qwen/Qwen2.5-7B-Instruct", ()) == [*on, "hermes"]
+    assert tool_calling_args("meta-llama/Llama-3.1-8B-Instruct", ()) == [*on, "llama3_json"]
+    assert tool_calling_args("mistralai/Mistral-7B-Instruct-v0.3", ()) == [*on, "mistral"]
+    assert tool_calling_args("/models/q", ()) == []  # a family it does not know: none (extra_args can say)
+    assert tool_calling_args("Qwen/Qwen2.5-7B", ("--tool-call-parser", "pythonic")) == []  # the config's own
 
 
 def test_a_backend_api_key_reaches_vllm_through_its_env_not_its_command_line(tmp_path: Path) -> None:
