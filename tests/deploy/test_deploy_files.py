@@ -31,6 +31,16 @@ VLLM_METRICS = {
 SUFFIXES = ("", "_total", "_bucket", "_sum", "_count", "_created")
 
 
+
+def _vllm_options(argv: list[str]) -> dict[str, str | bool]:
+    """`vllm serve` options: `--flag value`, or `--flag` alone (True)."""
+    out: dict[str, str | bool] = {}
+    for i, a in enumerate(argv):
+        if a.startswith("--"):
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            out[a] = True if nxt is None or nxt.startswith("--") else nxt
+    return out
+
 def docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
 
@@ -83,8 +93,9 @@ def test_compose_services() -> None:
     for b in cfg.backends:
         svc = services[urlsplit(b.url).hostname or ""]
         args = svc["command"]
-        opt = dict(zip(args[::2], args[1::2], strict=True))
+        opt = _vllm_options(args)
         assert opt["--served-model-name"] == b.model and int(opt["--port"]) == b.port
+        assert opt["--enable-auto-tool-choice"] is True and opt["--tool-call-parser"] == "hermes"  # Qwen2.5
         assert int(opt["--max-model-len"]) == b.max_model_len and int(opt["--kv-cache-memory-bytes"]) > 0
         (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
         assert device["capabilities"] == ["gpu"] and len(device["device_ids"]) == 1
@@ -115,8 +126,9 @@ def test_k8s_objects_line_up() -> None:
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert c[probe]["httpGet"]["path"] == "/health"
-        opt = dict(zip(c["args"][::2], c["args"][1::2], strict=True))
+        opt = _vllm_options(c["args"])
         assert opt["--served-model-name"] == b.model and int(opt["--port"]) == b.port
+        assert opt["--enable-auto-tool-choice"] is True and opt["--tool-call-parser"] == "hermes"
         assert int(opt["--kv-cache-memory-bytes"]) > 0
     kustom = docs(DEPLOY / "k8s" / "kustomization.yaml")[0]
     assert sorted(kustom["resources"]) == sorted(
