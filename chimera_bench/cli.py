@@ -16,7 +16,9 @@ EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by Ctrl-C: not a 
 
 T = TypeVar("T")
 
-#: What the bench imports beyond serving: the ``bench`` extra.
+#: What the bench imports beyond serving: the ``bench`` extra (router.cli says the same where the bench itself
+#: is not installed).
+BENCH_EXTRA = "pip install 'chimera-router[bench]'"
 EXTRA_MODULES = ("openai", "matplotlib", "rich")
 
 
@@ -25,7 +27,7 @@ def check_extra() -> None:
     missing = [m for m in EXTRA_MODULES if importlib.util.find_spec(m) is None]
     if missing:
         raise ChimeraError(
-            f"chimera bench needs the bench extra (missing: {', '.join(missing)}): pip install 'chimera-router[bench]'"
+            f"this command needs the bench's libraries (missing: {', '.join(missing)}): {BENCH_EXTRA}"
         )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from chimera_bench.runner import BenchSpec, run_bench, validate
+from router.core.errors import ConfigError
 
 #: What `gateway.predictor` is where the config has none: log the features, never refit online.
 COLLECTING = {"refit_interval_s": 0}
@@ -38,6 +39,8 @@ def collect(spec: BenchSpec, out: Path) -> dict[str, Any]:
     """Run ``spec`` (its ``out`` is where the bench's files go) and write its request logs as one log at ``out``."""
     cfg = validate(spec)  # a user's mistake before anything is written
     work = Path(spec.out)
+    if any((work / "logs").glob("requests-*.jsonl")):  # the gateways append: they would mix two collections
+        raise ConfigError(f"{work} holds an earlier collection's logs: remove it or give another --out", key="--out")
     work.mkdir(parents=True, exist_ok=True)
     if cfg.gateway.predictor is None:
         data = yaml.safe_load(Path(spec.config_path).read_text(encoding="utf-8"))

@@ -16,7 +16,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +310,3 @@ def _progress(console: Any) -> Any:
     return Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
                     transient=True, disable=not console.is_terminal)  # fmt: skip
 
-
-def spec_dict(spec: BenchSpec) -> dict[str, Any]:
-    return asdict(spec)

@@ -30,6 +30,12 @@ def _inert(config: Config) -> Iterator[tuple[tuple[str | int, ...], str]]:
     for key in sorted(g.policy_options.model_fields_set - read):
         users = sorted(p for p, opts in OPTIONS_READ.items() if key in opts)
         yield ("gateway", "policy_options", key), f"does nothing with policy {policy} (read by {', '.join(users)})"
+    po = g.policy_options
+    if predictive and "latency_slack" in po.model_fields_set and po.wrong_answer_s > 0:
+        yield (
+            ("gateway", "policy_options", "latency_slack"),
+            ("does nothing with wrong_answer_s > 0: it belongs to Chimera's slack rule (wrong_answer_s: 0)"),
+        )
     if g.engine_priority.model_fields_set and not priority_workers:
         yield ("gateway", "engine_priority"), "does nothing: no backend has scheduling_policy: priority"
     elif g.engine_priority.tokens_per_level is not None and not predictive:

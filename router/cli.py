@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from router.core.config import Config, PolicyOptions, load_config
 from router.core.errors import ChimeraError, ConfigError
+from router.policies import USES_PREDICTOR
 
 if TYPE_CHECKING:
     from backends.sim.server import SimSettings
@@ -126,7 +127,7 @@ def describe(cfg: Config, file: str) -> str:
         + (f"  default_agent={g.default_agent}" if g.default_agent else ""),
     ]
     details = []
-    if g.policy == "predictive" or g.predictor is not None:
+    if g.policy in USES_PREDICTOR or g.predictor is not None:
         model = g.predictor.model if g.predictor is not None else None
         found = "" if model is None or Path(model).exists() else " (not found here)"
         details.append(f"predictor={model + found if model else 'analytic prior'}")

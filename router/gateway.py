@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from starlette.requests import HTTPConnection
 
@@ -19,11 +19,13 @@ from router.audit import audit
 from router.auth import AgentResolver
 from router.core.config import Config
 from router.core.types import Policy
-from router.learning import PredictorRuntime
 from router.metrics import Metrics
 from router.priority import PriorityFn
 from router.requestlog import RequestLog, RequestRecord
 from router.state.base import FleetState
+
+if TYPE_CHECKING:  # the predictor brings scikit-learn: a gateway without one never imports it
+    from router.learning import PredictorRuntime
 
 STATE_KEY = "gateway"
 

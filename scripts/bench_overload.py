@@ -6,7 +6,7 @@ queue waits at 2x and 3x the fleet's capacity, over several seeds (chimera_bench
 Each run is a fresh `chimera serve` process (it starts the two simulated workers itself) on a
 config written from the scenario; the load comes from this process through the openai SDK. With
 ``--baseline`` every multiple also runs once (seed 0) with ``gateway.admission`` removed, for
-comparison. Prints a markdown table (the one in docs/OVERLOAD.md).
+comparison. Prints a markdown table (the one in docs/benchmarks.md, "Overload").
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Every import counts, at any depth of a module: top level, inside a function, under
 ``TYPE_CHECKING``. ``from pkg import name`` is an import of ``pkg.name`` where that is a module and
-of ``pkg`` otherwise, as Python resolves it.
+of ``pkg`` otherwise, as Python resolves it. The layer rules hold for everything a module *reaches*:
+what it imports, what those import, and so on, and the ``__init__`` of every package on the way (Python
+runs it before any module of the package).
 
 - ``router.core`` (types, errors, config, the profile format, ASGI types, paths) imports nothing
   else of ours.
@@ -75,6 +77,37 @@ def _graph() -> dict[str, set[str]]:
 GRAPH = _graph()
 
 
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in MODULES]
+
+
+def _reach(module: str) -> set[str]:
+    """Every module importing ``module`` runs: its imports, theirs, and each one's parent packages."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        m = todo.pop()
+        for nxt in (*GRAPH[m], *_parents(m)):
+            if nxt not in seen and nxt != module:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _reach_violations(sources: tuple[str, ...], allowed: tuple[str, ...]) -> list[str]:
+    """Modules under ``sources`` that reach one of ours outside ``allowed`` (the top-level packages' own
+    ``__init__`` files, which are empty, are always allowed)."""
+    tops = {"router", "backends", "predictor", "chimera_bench"}
+    return sorted(
+        f"{src} reaches {dst}"
+        for src in MODULES
+        if _within(src, *sources)
+        for dst in _reach(src)
+        if dst not in tops and not _within(dst, *allowed) and not _within(dst, *sources)
+    )
+
+
 def _within(module: str, *prefixes: str) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
@@ -98,6 +131,18 @@ def test_the_scan_sees_the_packages() -> None:
 
 def test_the_core_imports_nothing_else_of_ours() -> None:
     assert _violations(("router.core",), ("router.core",), PACKAGES) == []
+    assert _reach_violations(("router.core",), ("router.core",)) == []
+
+
+def test_what_workers_and_predictor_reach_is_the_core_and_the_fleet_state() -> None:
+    allowed = ("router.core", "router.state", "backends", "predictor")
+    assert _reach_violations(("backends", "predictor"), allowed) == []
+    assert _reach_violations(("router.state",), ("router.core", "router.state")) == []
+
+
+def test_the_reach_sees_package_inits() -> None:
+    assert "router.state" in _reach("backends.prober")  # importing router.state.base runs router/state/__init__
+    assert "router.state.memory" in _reach("backends.prober")
 
 
 def test_workers_and_predictor_import_only_the_core_of_the_gateway() -> None:
@@ -108,6 +153,7 @@ def test_workers_and_predictor_import_only_the_core_of_the_gateway() -> None:
 def test_the_simulator_stands_alone() -> None:
     allowed = ("router.core", "backends.sim", "backends.listen")
     assert _violations(("backends.sim",), allowed, PACKAGES) == []
+    assert _reach_violations(("backends.sim",), allowed) == []
 
 
 @pytest.mark.parametrize("package", ["router", "predictor", "backends"])

@@ -307,7 +307,3 @@ DONE = b"data: [DONE]\n\n"
 PID_HEADER = "x-chimera-sim-pid"  # the sim's pid in its /health answer: `chimera serve` checks it started that one
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-
-
-def sse_error(err: SimApiError) -> bytes:
-    return b"data: " + err.body() + b"\n\n"

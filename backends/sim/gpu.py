@@ -31,12 +31,9 @@ from collections.abc import Sequence
 from backends.sim.engine import Batch, Engine
 
 #: The driver's timeslice and the cost of handing the GPU to another context, in real H200 seconds
-#: (divided by ``speedup``). Fitted to the shipped profiles' own steps over the shared phases (batches 1
-#: and 8) of two boots' co-location probes, ``scripts/calibrate/data/colocate-h200.json`` (2026-11-29) and
-#: ``colocate-boot6.json`` (2026-12-01), vLLM 0.26.0, by the co-location tool of commit c344baa
-#: (``git show c344baa:scripts/calibrate/colocate.py > colocate.py; python colocate.py predict
-#: scripts/calibrate/data/colocate-h200.json scripts/calibrate/data/colocate-boot6.json --profiles
-#: router/core/profiles --fit``): 1.562 / 0.604 ms; docs/profiling.md.
+#: (divided by ``speedup``), vLLM 0.26.0: fitted to the shipped profiles' own steps over the shared phases
+#: (batches 1 and 8) of the co-location probes in ``scripts/calibrate/data/colocate-*.json``: 1.562 / 0.604 ms
+#: (docs/profiling.md).
 TIMESLICE_S = 0.00156
 SWITCH_S = 0.0006
 

@@ -105,7 +105,7 @@ class BackendConfig(_Frozen):
     launch: LaunchSpec | None = None
     """Start a real vLLM worker at `url` (`chimera workers up` does)."""
     profile: str | None = None
-    """The worker profile the predictor's prior uses: a shipped name or a `chimera profile` JSON file (default: the
+    """The worker profile the predictor's prior uses: a shipped name or a profile JSON file (default: the
     `sim:` profile, else a guess from the model name)."""
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     """What the worker runs (vLLM's `--scheduling-policy`); under `priority` the gateway sends each request's priority

@@ -106,9 +106,9 @@ def test_an_agent_never_reaches_another_agents_models(two_agents: tuple[str, Pat
             assert r.status_code in (200, 502) and r.headers["x-chimera-backend"] in ("big", "echo")
         assert small.received == []  # planner's worker never saw a coder request
         ids = [m["id"] for m in c.get("/v1/models", headers=coder).json()["data"]]
-        assert ids == ["m-big", "auto"]
+        assert ids == ["auto", "m-big"]
         ids = [m["id"] for m in c.get("/v1/models", headers=_bearer(PLANNER_KEY)).json()["data"]]
-        assert ids == ["m-small", "auto"]
+        assert ids == ["auto", "m-small"]
         assert c.get("/v1/models").status_code == 401
         r = c.post(chat, json={"model": "auto", "messages": msg}, headers=_bearer(PLANNER_KEY))
         assert r.status_code == 200 and r.headers["x-chimera-backend"] == "small"

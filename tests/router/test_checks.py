@@ -24,7 +24,8 @@ backends:
 def _write(tmp_path: Path, gateway: str, agent: str = "") -> Path:
     path = tmp_path / "c.yaml"
     agents = f"agents:\n  - name: batch\n    models: [m]\n{agent}"
-    path.write_text(f"gateway:\n  policy: round_robin\n{gateway}{FLEET}{agents}")
+    policy = "" if "policy:" in gateway else "  policy: round_robin\n"
+    path.write_text(f"gateway:\n{policy}{gateway}{FLEET}{agents}")
     return path
 
 
@@ -48,6 +49,7 @@ def test_with_admission_on_overload_has_its_meaning(tmp_path: Path) -> None:
     [
         ("  policy_options: {latency_slack: 1.5}\n", "", "gateway.policy_options.latency_slack"),
         ("  policy_options: {long_tag: big}\n", "", "gateway.policy_options.long_tag"),
+        ("  policy: predictive\n  policy_options: {latency_slack: 1.5}\n", "", "gateway.policy_options.latency_slack"),
         ("", "    min_quality: 0.6\n", "agents[batch].min_quality"),
         ("", "    priority: 0\n", "agents[batch].priority"),
         ("  engine_priority: {aging_s: 2}\n", "", "gateway.engine_priority"),
@@ -62,7 +64,8 @@ def test_each_inert_option_is_named(tmp_path: Path, gateway: str, agent: str, ke
 
 def test_defaults_and_options_that_apply_are_not_named(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text(f"gateway:\n  policy: predictive\n  policy_options: {{latency_slack: 1.5}}\n{FLEET}"
+    options = "  policy_options: {latency_slack: 1.5, wrong_answer_s: 0}\n"
+    path.write_text(f"gateway:\n  policy: predictive\n{options}{FLEET}"
                     "agents:\n  - {name: batch, models: [m], min_quality: 0.5}\n")  # fmt: skip
     assert inert_options(load_config(path)) == []
     assert inert_options(load_config(ROOT / "examples" / "quickstart.yaml")) == []

@@ -20,7 +20,7 @@ from chimera_bench.simfields import SimFieldsProxy, patch_event, rewrite
 from router.wire import HeadFirstProtocol
 from tests.conftest import ServerThread
 
-FAKE = Path(__file__).resolve().parent / "fake_vllm"
+FAKE = Path(__file__).resolve().parents[1] / "backends" / "fake_vllm"
 MESSAGES = [{"role": "user", "content": "write a sorting function"}]
 
 
