@@ -1,21 +1,26 @@
-"""`chimera serve`: start the config's simulated workers, then run the gateway under uvicorn."""
+"""`chimera serve`: start the config's simulated workers (and keep them running), then run the gateway under
+uvicorn."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
 import ctypes
+import dataclasses
+import functools
 import inspect
 import logging
 import os
+import selectors
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -89,48 +94,223 @@ def sim_groups(backends: Sequence[BackendConfig]) -> list[list[BackendConfig]]:
 
 @contextlib.contextmanager
 def running_sims(
-    backends: Sequence[BackendConfig], *, timeout_s: float = 30.0
-) -> Iterator[list[subprocess.Popen[bytes]]]:
+    backends: Sequence[BackendConfig], *, timeout_s: float = 30.0, backoff: Backoff | None = None
+) -> Iterator[SimSupervisor]:
     """Start a `chimera sim` process per group of ``sim:`` backends (:func:`sim_groups`: one per GPU);
-    wait for each one's /health; stop them on exit. A port already taken fails here, naming the
-    backend, before any is started (else /health would be answered by whoever holds it)."""
+    wait for each one's /health; keep them running (:class:`SimSupervisor`: one that exits is started
+    again after ``backoff``); stop them on exit. A port already taken fails here, naming the backend,
+    before any is started (else /health would be answered by whoever holds it)."""
     groups = sim_groups(backends)
     for b in (b for group in groups for b in group):
         try:
             check_free(b.host, b.port)
         except ChimeraError as exc:
             raise ChimeraError(f"simulated worker {b.name}: {exc}") from exc
-    procs: list[tuple[list[BackendConfig], subprocess.Popen[bytes]]] = []
+    supervisor = SimSupervisor(backoff or Backoff())
     try:
         for group in groups:
-            cmd = sim_command(*group)
-            procs.append((group, subprocess.Popen(cmd, stderr=subprocess.PIPE, preexec_fn=die_with_parent)))
+            supervisor.add(group)
         deadline = time.monotonic() + timeout_s
-        for group, p in procs:
+        for group, p in zip(groups, supervisor.processes(), strict=True):
             for b in group:
                 _wait_healthy(b, p, deadline)
                 log.info("simulated worker %s (%s, %s) is up at %s%s", b.name, b.model, b.sim and b.sim.profile,
                          b.url, f" sharing gpu {b.gpu}" if len(group) > 1 else "")  # fmt: skip
-        yield [p for _, p in procs]
+        supervisor.start()
+        yield supervisor
     finally:
-        for _, p in procs:
+        supervisor.stop()
+
+
+@dataclasses.dataclass(frozen=True)
+class Backoff:
+    """When a simulated worker that exited starts again: ``first_s`` after its exit, doubling with every exit
+    up to ``max_s``; one that had stayed up ``stable_s`` starts over from ``first_s``."""
+
+    first_s: float = 0.5
+    max_s: float = 30.0
+    stable_s: float = 30.0
+
+    def delay(self, previous_s: float | None, up_s: float) -> float:
+        """The wait before the next start, given the previous wait (None: none yet) and how long it ran."""
+        if previous_s is None or up_s >= self.stable_s:
+            return self.first_s
+        return min(self.max_s, previous_s * 2)
+
+
+@dataclasses.dataclass
+class _Sim:
+    """One `chimera sim` process (a group of ``sim:`` backends) and where its restarts stand."""
+
+    group: list[BackendConfig]
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    delay_s: float | None = None  # the last wait before a restart
+    restart_at: float | None = None  # set while it is down
+    last_line: str = ""  # its stderr's last line (the reason it gives when it exits)
+    partial: bytes = b""
+
+    @property
+    def label(self) -> str:
+        return ("simulated worker " if len(self.group) == 1 else "simulated workers ") + ", ".join(
+            b.name for b in self.group
+        )
+
+
+class SimSupervisor:
+    """The simulated workers `chimera serve` runs, kept running by one thread (off the event loop): it drains
+    each one's stderr (a full pipe would stall the worker), reaps one that exits, logs it once and starts it
+    again on the same port after :class:`Backoff`. Meanwhile the gateway's prober ejects it, then re-admits it
+    once its /health answers. :meth:`stop` stops the thread before the workers: none starts during shutdown."""
+
+    def __init__(self, backoff: Backoff, poll_s: float = 0.1) -> None:
+        self.backoff = backoff
+        self._poll_s = poll_s
+        self._sims: list[_Sim] = []
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._selector = selectors.DefaultSelector()
+
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """The processes running now, in config order (one that is down is absent)."""
+        return [s.proc for s in self._sims if s.proc is not None]
+
+    def add(self, group: list[BackendConfig]) -> None:
+        """Start the process serving ``group`` (before :meth:`start`)."""
+        sim = _Sim(group)
+        self._sims.append(sim)
+        self._spawn(sim)
+
+    def start(self) -> None:
+        for sim in self._sims:
+            self._watch(sim)
+        self._thread = threading.Thread(target=self._run, name="chimera-sim-supervisor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop restarting, then stop every worker: SIGTERM, SIGKILL after 5 s."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+        procs = self.processes()
+        for p in procs:
             if p.poll() is None:
                 p.terminate()
-        for _, p in procs:
+        for p in procs:
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-            if p.stderr is not None:
-                p.stderr.close()
+        for sim in self._sims:
+            self._unwatch(sim)
+        self._selector.close()
+
+    def _spawn(self, sim: _Sim) -> None:
+        _prctl()  # looked up here, before the fork: the child only calls it
+        # Its own session: the terminal's Ctrl-C reaches the gateway alone, which drains its requests, then
+        # stops the workers. Spawned by the supervising thread, a restarted worker gets its SIGTERM from
+        # PR_SET_PDEATHSIG when that thread ends, which it does only in stop().
+        sim.proc = subprocess.Popen(sim_command(*sim.group), stderr=subprocess.PIPE, preexec_fn=die_with_parent,
+                                    start_new_session=True)  # fmt: skip
+        sim.started, sim.restart_at, sim.last_line, sim.partial = time.monotonic(), None, "", b""
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            if self._selector.get_map():
+                for key, _ in self._selector.select(self._poll_s):
+                    self._drain(key.data)
+            else:
+                self._stopping.wait(self._poll_s)
+            now = time.monotonic()
+            for sim in self._sims:
+                if sim.proc is not None and (status := sim.proc.poll()) is not None:
+                    self._exited(sim, _status(status), now, said=status >= 0)  # a signal is reason enough
+                if sim.restart_at is not None and now >= sim.restart_at and not self._stopping.is_set():
+                    self._restart(sim, now)
+
+    def _exited(self, sim: _Sim, reason: str, now: float, *, said: bool = False) -> None:
+        """Log ``sim``'s exit once and set its restart (``said``: its last line on stderr is why it exited)."""
+        if sim.proc is not None:
+            self._drain(sim)
+            self._unwatch(sim)
+        sim.proc = None
+        sim.delay_s = self.backoff.delay(sim.delay_s, now - sim.started)
+        sim.restart_at = now + sim.delay_s
+        if said and sim.last_line:
+            reason += f": {sim.last_line}"
+        log.warning("%s exited (%s); restarting in %g s", sim.label, reason, sim.delay_s)
+
+    def _restart(self, sim: _Sim, now: float) -> None:
+        try:
+            self._spawn(sim)
+        except OSError as exc:  # no process at all (out of pids, of file descriptors): a try like any other
+            sim.started = now
+            self._exited(sim, f"could not start: {exc}", now)
+            return
+        self._watch(sim)
+        assert sim.proc is not None
+        log.info("%s restarted (pid %d)", sim.label, sim.proc.pid)
+
+    def _watch(self, sim: _Sim) -> None:
+        if sim.proc is not None and sim.proc.stderr is not None:
+            os.set_blocking(sim.proc.stderr.fileno(), False)
+            self._selector.register(sim.proc.stderr, selectors.EVENT_READ, sim)
+
+    def _unwatch(self, sim: _Sim) -> None:
+        pipe = sim.proc.stderr if sim.proc is not None else None
+        if pipe is not None and not pipe.closed:
+            with contextlib.suppress(KeyError):
+                self._selector.unregister(pipe)
+            pipe.close()
+
+    def _drain(self, sim: _Sim) -> None:
+        """Read what ``sim``'s stderr holds now, keeping its last line."""
+        pipe = sim.proc.stderr if sim.proc is not None else None
+        if pipe is None or pipe.closed:
+            return
+        while True:
+            try:
+                chunk = os.read(pipe.fileno(), 65536)
+            except BlockingIOError:
+                return
+            if not chunk:  # its end: an unfinished last line counts too
+                if sim.partial.strip():
+                    sim.last_line = sim.partial.decode(errors="replace").strip()[:500]
+                self._unwatch(sim)
+                return
+            lines = (sim.partial + chunk).split(b"\n")
+            sim.partial = lines.pop()[-4096:]
+            if last := next((line for line in reversed(lines) if line.strip()), None):
+                sim.last_line = last.decode(errors="replace").strip()[:500]
+
+
+def _status(returncode: int) -> str:
+    """``status 1``, or ``status -9, SIGKILL`` for a process a signal ended."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"status {returncode}, {signal.Signals(-returncode).name}"
+    return f"status {returncode}"
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, or None off Linux. Looked up once in the gateway: a lookup (dlopen) in a child forked
+    while another thread holds the loader's lock would never return."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return fn
 
 
 def die_with_parent() -> None:
     """In the child, before exec: ask Linux to SIGTERM it when the gateway dies, even by SIGKILL."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.listen import free_port, wait_ready
+from backends.sim.api import PID_HEADER
 from router.core.errors import ChimeraError
 from tests.conftest import interrupt
 
@@ -203,3 +205,67 @@ def test_serve_with_two_processes_audits_and_counts_every_request(tmp_path: Path
         fast.wait(timeout=10)
     audits = [line for line in out.splitlines() if "chimera.audit" in line]
     assert len(audits) == 18, out[-2000:]
+
+
+@pytest.mark.slow
+def test_serve_restarts_a_killed_sim_and_leaves_none_at_shutdown(tmp_path: Path) -> None:
+    """A simulated worker killed under `chimera serve` is reaped and started again on its port; the gateway's
+    prober re-admits it and serves through it. Ctrl-C (the terminal's SIGINT to the whole process group)
+    stops the gateway, then its workers: no restart on the way out, no process left."""
+    gw, sim = free_port(), free_port()
+    cfg = tmp_path / "restart.yaml"
+    cfg.write_text(
+        f"gateway: {{port: {gw}, policy: round_robin, default_agent: chat, health: {{probe_interval_s: 0.2}}}}\n"
+        f'backends:\n  - {{name: s1, url: "http://127.0.0.1:{sim}", model: qwen2.5-0.5b, kv_budget_tokens: 200000,\n'
+        "     sim: {profile: h200-qwen2.5-0.5b, speedup: 5}}\n"
+        "agents:\n  - {name: chat, models: [qwen2.5-0.5b]}\n"
+    )
+    cmd = [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)]
+    # its own process group, as a terminal's foreground job: Ctrl-C signals the whole group
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    base, sim_url = f"http://127.0.0.1:{gw}", f"http://127.0.0.1:{sim}"
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+
+    def sim_pid() -> str | None:
+        try:
+            return httpx.get(sim_url + "/health", timeout=0.5).headers.get(PID_HEADER)
+        except httpx.HTTPError:
+            return None
+
+    def served() -> bool:
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model="auto", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+        except openai.APIError:
+            return False
+        return raw.headers["x-chimera-backend"] == "s1"
+
+    try:
+        wait_ready(base + "/ready", 40, proc=proc)
+        first = sim_pid()
+        assert first is not None and served()
+        os.kill(int(first), signal.SIGKILL)
+        killed = time.monotonic()
+        while sim_pid() in (None, first):
+            assert time.monotonic() - killed < 5, "the killed sim did not come back"
+            time.sleep(0.02)
+        back_s = time.monotonic() - killed
+        while not served():
+            assert time.monotonic() - killed < 8, "the gateway did not serve through the restarted sim"
+            time.sleep(0.05)
+        assert not Path(f"/proc/{first}").exists()  # reaped, not a zombie
+        second = sim_pid()
+        assert second is not None and second != first
+    finally:
+        client.close()
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out[-2000:]
+    assert 0.5 <= back_s < 5
+    exits = [line for line in out.splitlines() if "exited (" in line]
+    assert len(exits) == 1 and exits[0].endswith("simulated worker s1 exited (status -9, SIGKILL); restarting in 0.5 s")
+    assert not Path(f"/proc/{second}").exists()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(sim_url + "/health", timeout=1)

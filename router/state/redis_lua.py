@@ -1,8 +1,11 @@
 """The Redis key layout and Lua scripts of :mod:`router.state.redis_state`.
 
-Keys (every key carries the hash tag ``{prefix}``, so they live in one cluster slot):
+Keys (every key carries the hash tag ``{prefix}``, so they live in one cluster slot). Every key expires:
+a fleet that stops, or dies, leaves nothing behind once the longest TTL below has passed.
 
-    {p}:replicas            SET of live replica ids (pruned by SYNC when a replica's load hash is gone)
+    {p}:replicas            SET of live replica ids (pruned by SYNC when a replica's load hash is gone);
+                              renewed by every PUT and SYNC, never shortened (a replica with a shorter
+                              ``lease_ttl`` must not drop a member whose load hash lives longer)
     {p}:load:<replica>      HASH, expires ``lease_ttl`` after the replica's last heartbeat:
                               _hb                 present while the replica lives
                               <worker>:v          version of the replica's numbers for that worker
@@ -11,9 +14,12 @@ Keys (every key carries the hash tag ``{prefix}``, so they live in one cluster s
                                                   token yet (the prefill backlog; absent: 0)
     {p}:probe:<worker>      HASH: the last probe of the worker, by whichever replica probed it:
                               seq (increments per probe), ok, by, at (Redis ms), m (metrics JSON),
-                              mat (the ``at`` of the probe that carried ``m``)
+                              mat (the ``at`` of the probe that carried ``m``); expires ``lease_ttl``
+                              after that probe (older, no replica would apply it)
     {p}:lease:<worker>      STRING, PX: the replica elected to probe the worker
     {p}:bucket:<agent>      HASH r, t, at: the agent's rate-limit buckets (TAKE_TOKENS), expire after 2 min idle
+                              (by then an absent bucket reads as a full one)
+    {p}:prefix              STREAM of prefix-index news (redis_state), expires a minute after its last entry
 
 A replica's load numbers are absolute and versioned: a write only lands if its version is newer
 than the stored one, so writes can arrive out of order, be repeated (every SYNC republishes all of
@@ -33,6 +39,7 @@ if tonumber(ARGV[5]) > tonumber(redis.call('HGET', k, w .. ':v') or '0') then
 end
 redis.call('PEXPIRE', k, ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[1])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
 local r, t, p = 0, 0, 0
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   if id ~= ARGV[1] then
@@ -60,6 +67,7 @@ end
 redis.call('HSET', k, '_hb', '1')
 redis.call('PEXPIRE', k, ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[1])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
 local replicas = {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   local h = redis.call('HGETALL', ARGV[3] .. id)
@@ -73,13 +81,14 @@ local now = redis.call('TIME')
 return {replicas, probes, tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)}
 """
 
-# Publish a probe's outcome. KEYS: probe:<worker>. ARGV: me, ok (0|1), metrics JSON or ''
+# Publish a probe's outcome. KEYS: probe:<worker>. ARGV: me, ok (0|1), metrics JSON or '', ttl_ms
 PUBLISH_PROBE = """
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 redis.call('HSET', KEYS[1], 'ok', ARGV[2], 'by', ARGV[1], 'at', ms)
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'm', ARGV[3], 'mat', ms) end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return seq
 """
 

@@ -32,7 +32,7 @@ Each replica keeps the same local :class:`~router.state.table.FleetTable` as the
   table; every replica probes for itself) and the sync task retries with backoff. The first
   successful SYNC republishes this replica's live reservations — the reconcile — and clears it.
 
-Key layout and scripts: :mod:`router.state.redis_lua`.
+Key layout, scripts and what each key expires after: :mod:`router.state.redis_lua`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 2.0  # the sync task retries a lost Redis at most this far apart
 PREFIX_STREAM_LEN = 1_000  # entries kept in the shared prefix stream (one per replica and sync at most)
-PREFIX_STREAM_TTL_MS = 86_400_000  # a fleet gone for a day leaves no stream behind
+# A minute without news and the stream goes: each entry is applied within PREFIX_STALE_MS or never, and a
+# reader whose stream has gone reads a new one from its start.
+PREFIX_STREAM_TTL_MS = 60_000
 PREFIX_READ_BATCH = 32  # entries read per sync at most (the rest: the next one)
 PREFIX_PENDING_MAX = 1_024  # prompts queued for the next sync at most (the oldest are dropped)
 PREFIX_STALE_MS = 5_000  # older news is skipped, and a reader that far behind jumps to the stream's end
@@ -229,7 +231,8 @@ class RedisFleetState:
         self._table.probe(backend, ok, metrics)
         if not self._degraded:
             m = "" if metrics is None else json.dumps(dataclasses.asdict(metrics))
-            await self._call("PUBLISH_PROBE", [self._k_probe + backend], [self.replica_id, int(ok), m])
+            # expires after a lease: an older probe is no evidence (_apply_probe), and no fleet left keeps it
+            await self._call("PUBLISH_PROBE", [self._k_probe + backend], [self.replica_id, int(ok), m, self._ttl_ms()])
 
     async def record_result(
         self,

@@ -31,7 +31,6 @@ VLLM_METRICS = {
 SUFFIXES = ("", "_total", "_bucket", "_sum", "_count", "_created")
 
 
-
 def _vllm_options(argv: list[str]) -> dict[str, str | bool]:
     """`vllm serve` options: `--flag value`, or `--flag` alone (True)."""
     out: dict[str, str | bool] = {}
@@ -40,6 +39,7 @@ def _vllm_options(argv: list[str]) -> dict[str, str | bool]:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             out[a] = True if nxt is None or nxt.startswith("--") else nxt
     return out
+
 
 def docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
@@ -140,18 +140,112 @@ def test_k8s_objects_line_up() -> None:
     assert pod["terminationGracePeriodSeconds"] > int(container["lifecycle"]["preStop"]["exec"]["command"][1]) + 60
 
 
-def test_prometheus_scrapes_gateways_and_every_worker() -> None:
-    prom = docs(DEPLOY / "prometheus" / "prometheus.yml")[0]
-    targets = {
-        job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]] for job in prom["scrape_configs"]
-    }
-    assert all(job.get("metrics_path", "/metrics") == "/metrics" for job in prom["scrape_configs"])
+def prometheus(which: str) -> dict[str, Any]:
+    return docs(DEPLOY / "prometheus" / ("prometheus.yml" if which == "compose" else "prometheus-k8s.yml"))[0]
+
+
+def static_targets(job: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """A job's static targets, each with its labels."""
+    return {t: sc.get("labels", {}) for sc in job.get("static_configs", []) for t in sc["targets"]}
+
+
+@pytest.mark.parametrize("which", ["compose", "k8s"])
+def test_prometheus_scrapes_gateways_and_every_worker(which: str) -> None:
+    prom = prometheus(which)
+    jobs = {job["job_name"]: job for job in prom["scrape_configs"]}
+    assert sorted(jobs) == ["chimera-gateway", "vllm"]
+    assert all(job.get("metrics_path", "/metrics") == "/metrics" for job in jobs.values())
     assert "/metrics" in app_paths(configmap_config())
-    services = docs(DEPLOY / "docker-compose.yaml")[0]["services"]
-    gateways = {n for n, s in services.items() if s.get("image") == "chimera-router:latest"}
-    assert {t.split(":")[0] for t in targets["chimera-gateway"]} == gateways
-    cfg = parse_config((DEPLOY / "chimera.yaml").read_text(), env={})
-    assert set(targets["vllm"]) == {f"{urlsplit(b.url).hostname}:{b.port}" for b in cfg.backends}
+    if which == "compose":
+        services = docs(DEPLOY / "docker-compose.yaml")[0]["services"]
+        gateways = {n for n, s in services.items() if s.get("image") == "chimera-router:latest"}
+        assert {t.split(":")[0] for t in static_targets(jobs["chimera-gateway"])} == gateways
+        cfg, suffix = parse_config((DEPLOY / "chimera.yaml").read_text(), env={}), ""
+    else:
+        assert not static_targets(jobs["chimera-gateway"])  # the pods, discovered (test_each_target_...)
+        cfg, suffix = configmap_config(), ".chimera.svc"
+    want = {f"{urlsplit(b.url).hostname}{suffix}:{b.port}": {"backend": b.name, "model": b.model} for b in cfg.backends}
+    assert static_targets(jobs["vllm"]) == want
+
+
+def relabel(rules: list[dict[str, Any]], labels: dict[str, str]) -> dict[str, str] | None:
+    """Prometheus' relabelling of one discovered target (the actions our configs use); None: dropped."""
+    out = dict(labels)
+    for rule in rules:
+        action = rule.get("action", "replace")
+        value = rule.get("separator", ";").join(out.get(name, "") for name in rule.get("source_labels", []))
+        m = re.fullmatch(rule.get("regex", "(.*)"), value)  # Prometheus anchors its regexes at both ends
+        if (action == "keep" and m is None) or (action == "drop" and m is not None):
+            return None
+        if action == "replace" and m is not None:
+            out[rule["target_label"]] = m.expand(re.sub(r"\$\{?(\d+)\}?", r"\\g<\1>", rule.get("replacement", "$1")))
+        elif action not in ("keep", "drop", "replace"):
+            pytest.fail(f"relabel action {action!r}: this check cannot tell which targets it keeps")
+    return out
+
+
+def pod_targets(deployment: dict[str, Any], namespace: str, annotate: bool) -> list[dict[str, str]]:
+    """What Kubernetes pod discovery finds for one pod of ``deployment``: one target per container port.
+    ``annotate``: as if the pod also carried the usual prometheus.io/* annotations."""
+    meta = deployment["spec"]["template"]["metadata"]
+    annotations = dict(meta.get("annotations") or {})
+    if annotate:
+        annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": "1", **annotations}
+
+    def name(key: str) -> str:
+        return re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+    base = {
+        "__meta_kubernetes_namespace": namespace,
+        "__meta_kubernetes_pod_name": deployment["metadata"]["name"] + "-5d8f9-x2k4q",
+        **{"__meta_kubernetes_pod_label_" + name(k): v for k, v in meta.get("labels", {}).items()},
+        **{"__meta_kubernetes_pod_annotation_" + name(k): v for k, v in annotations.items()},
+    }
+    ports = [p for c in deployment["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
+    return [{**base, "__address__": f"10.1.2.3:{p['containerPort']}"} for p in ports]
+
+
+@pytest.mark.parametrize("annotate", [False, True], ids=["as-shipped", "every-pod-annotated"])
+def test_each_target_is_scraped_by_one_job_only(annotate: bool) -> None:
+    """A target two jobs scrape counts twice in every `sum by` of the dashboard. Static targets are told
+    apart by address; on Kubernetes a Service target stands for the pods its selector picks, and pod
+    discovery is replayed, relabelling and all, on every pod of deploy/k8s (also with prometheus.io/*
+    annotations on every pod, as a cluster's conventions may add them): each pod is scraped by one job."""
+    for which in ("compose", "k8s"):
+        addresses = [t for job in prometheus(which)["scrape_configs"] for t in static_targets(job)]
+        assert len(addresses) == len(set(addresses)), which
+    namespace = docs(DEPLOY / "k8s" / "kustomization.yaml")[0]["namespace"]
+    objs = k8s()
+    deployments, services = kind(objs, "Deployment"), kind(objs, "Service")
+    scraped_by: dict[str, list[str]] = {name: [] for name in deployments}
+    for job in prometheus("k8s")["scrape_configs"]:
+        for sd in job.get("kubernetes_sd_configs", []):
+            assert sd["role"] == "pod"
+            for name, d in deployments.items():
+                if namespace not in sd.get("namespaces", {}).get("names", [namespace]):
+                    continue
+                kept = [t for t in (relabel(job.get("relabel_configs", []), t)
+                                    for t in pod_targets(d, namespace, annotate)) if t is not None]  # fmt: skip
+                if kept:
+                    assert len({t["__address__"] for t in kept}) == 1, (job["job_name"], name)  # one per pod
+                    scraped_by[name].append(job["job_name"])
+        for target in static_targets(job):
+            host = target.split(":")[0]
+            assert host.endswith(f".{namespace}.svc"), target
+            selector = services[host.removesuffix(f".{namespace}.svc")]["spec"]["selector"]
+            for name, d in deployments.items():
+                if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items():
+                    scraped_by[name].append(job["job_name"])
+    workers = {urlsplit(b.url).hostname or "" for b in configmap_config().backends}
+    assert scraped_by == {
+        name: ["chimera-gateway"] if name == "chimera-gateway" else ["vllm"] if name in workers else []
+        for name in deployments
+    }
+    gateway_port = configmap_config().gateway.port
+    (gw,) = pod_targets(deployments["chimera-gateway"], namespace, False)
+    job = next(j for j in prometheus("k8s")["scrape_configs"] if j["job_name"] == "chimera-gateway")
+    kept = relabel(job["relabel_configs"], gw)
+    assert kept is not None and kept["__address__"] == f"10.1.2.3:{gateway_port}" and kept["pod"].startswith("chimera")
 
 
 def test_dashboard_queries_only_metrics_that_exist() -> None:

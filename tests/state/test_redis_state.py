@@ -312,3 +312,65 @@ async def test_unreachable_at_start_comes_up_degraded(redis_prefix: str) -> None
         await st.release(r)
     finally:
         await st.close()
+
+
+async def _expiries(prefix: str) -> dict[str, int]:
+    """Every key under ``prefix`` on the shared Redis, with its PTTL (ms; -1: no expiry)."""
+    client = redis.asyncio.Redis.from_url(SHARED_URL, decode_responses=True)
+    try:
+        keys = [k async for k in client.scan_iter(match="{" + prefix + "}*", count=1000)]
+        return {k: int(await client.pttl(k)) for k in keys}
+    finally:
+        await client.aclose()
+
+
+async def test_every_key_a_replica_writes_expires(redis_prefix: str) -> None:
+    """Whatever a replica writes carries a TTL, whether it dies (what is there while it runs) or stops (what
+    its goodbye leaves): none outlives its purpose, none stays for ever; and reserve/release stay one round
+    trip each, the expiries riding in the scripts."""
+    lease_s = 4.0
+    st = RedisFleetState(
+        BACKENDS, HEALTH, RedisOptions(SHARED_URL, prefix=redis_prefix, lease_ttl_s=lease_s, sync_interval_s=30.0)
+    )  # the test syncs it
+    got: list[tuple[list[int], str]] = []
+    st.on_shared_prefix(lambda hashes, w: got.append((list(hashes), w)))
+    await st.start()
+    try:
+        before = st.stats().round_trips
+        await st.release(await st.reserve("a", 10))
+        assert st.stats().round_trips - before == 2
+        await st.reserve("b", 20)
+        assert await st.should_probe("a")
+        await st.record_probe("a", True, ScrapedMetrics(running=1))
+        await st.record_probe("b", False, None)
+        assert await st.take_tokens("agent-x", 1, 100, 60, 6000) == 0.0
+        st.share_prefix([1, 2], "a")
+        assert await st.sync() and await st.exchange_prefixes()
+        p = "{" + redis_prefix + "}"
+        bound_ms = {
+            f"{p}:replicas": lease_s * 1000, f"{p}:load:{st.replica_id}": lease_s * 1000,
+            f"{p}:probe:a": lease_s * 1000, f"{p}:probe:b": lease_s * 1000,
+            f"{p}:lease:a": HEALTH.probe_interval_s * 3 * 1000, f"{p}:bucket:agent-x": 120_000, f"{p}:prefix": 60_000,
+        }  # fmt: skip
+        running = await _expiries(redis_prefix)
+        assert set(running) == set(bound_ms)  # every kind of key was written (else this test proves nothing)
+        assert all(0 < running[k] <= bound_ms[k] for k in running), running
+    finally:
+        await st.close()
+    stopped = await _expiries(redis_prefix)
+    assert set(stopped) == set(bound_ms) - {f"{p}:replicas", f"{p}:load:{st.replica_id}", f"{p}:lease:a"}
+    assert all(0 < stopped[k] <= bound_ms[k] for k in stopped), stopped
+
+
+async def test_a_shorter_lease_never_shortens_the_replica_set(replicas: Make, redis_prefix: str) -> None:
+    """The replica set expires when no replica renews it, but a replica with a short lease does not cut
+    short the life of a member whose own load hash lives longer."""
+    long = await replicas(lease_ttl_s=30.0)
+    short = await replicas(lease_ttl_s=0.5)
+    await short.reserve("a", 1)
+    assert await short.sync()
+    pttl = (await _expiries(redis_prefix))["{" + redis_prefix + "}:replicas"]
+    assert 500 < pttl <= 30_000
+    await long.close()
+    await short.close()
+    assert "{" + redis_prefix + "}:replicas" not in await _expiries(redis_prefix)  # the last goodbye empties it
