@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from backends.sim.errors import json_object
 from backends.sim.textgen import VOCAB, WORDS_TOKENIZER, Tokenizer, chat_text
+from backends.sim.tools import Structure, parse_chat, tools_prompt
 from router.core.errors import SimApiError
 
 WORDS = [w.encode() for w in VOCAB]
@@ -45,6 +47,7 @@ class Completion:
     request_id: str | None = None  # the caller's X-Request-Id (the response's id is built on it)
     n: int = 1  # answers per prompt
     batch: tuple[tuple[str, list[int]], ...] = ()  # every prompt of a batched completion (text, ids), in order
+    structure: Structure | None = None  # tools, tool_choice, a JSON response_format (chat, Responses)
 
     @property
     def choices(self) -> int:
@@ -60,15 +63,8 @@ def parse_completion(
     tokenizer: Tokenizer = WORDS_TOKENIZER,
     request_id: str | None = None,
 ) -> Completion:
-    try:
-        req = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SimApiError(400, f"Invalid JSON body: {exc}") from exc
-    if not isinstance(req, dict):
-        raise SimApiError(400, "The request body must be a JSON object")
-    model = req.get("model") or served_model  # absent, null or "": the served model, as vLLM takes it
-    if model != served_model:
-        raise SimApiError(404, f"The model `{model}` does not exist.", "model")
+    req = json_object(body, served_model)
+    structure: Structure | None = None
     if chat:
         messages = req.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -77,6 +73,9 @@ def parse_completion(
             text = chat_text(messages)
         except ValueError as exc:
             raise SimApiError(400, str(exc), "messages") from exc
+        structure, tools = parse_chat(req, messages[-1].get("role") == "user")
+        if tools:  # the template renders them into the prompt, ahead of the messages
+            text = f"{tools_prompt(tools)} {text}"
         ids = tokenizer.encode_chat(text)
         batch = [(text, ids)]
     else:
@@ -110,6 +109,30 @@ def parse_completion(
     if min_tokens < 0 or min_tokens > max_tokens:
         raise SimApiError(400, "min_tokens must be between 0 and max_tokens", "min_tokens")
     priority = _opt_int(req, "priority", 0) or 0  # vLLM 0.26 takes it under either policy (fcfs ignores it)
+    output_tokens, difficulty = sim_fields(req)
+    return Completion(
+        chat=chat,
+        stream=stream,
+        include_usage=include_usage,
+        prompt_text=text,
+        prompt_ids=ids,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=_bool(req, "ignore_eos"),
+        output_tokens=output_tokens,
+        difficulty=difficulty,
+        seed=_opt_int(req, "seed", None),
+        random_sampling=_random_sampling(req.get("temperature")),
+        priority=priority,
+        request_id=request_id,
+        n=n,
+        batch=tuple(batch),
+        structure=structure,
+    )
+
+
+def sim_fields(req: dict[str, Any]) -> tuple[int | None, float | None]:
+    """The body's ``sim`` field, which only the sim reads: ``(output_tokens, difficulty)``."""
     sim = req.get("sim") or {}
     if not isinstance(sim, dict):
         raise SimApiError(400, "'sim' must be an object", "sim")
@@ -121,24 +144,7 @@ def parse_completion(
         isinstance(difficulty, bool) or not isinstance(difficulty, int | float) or not 0 <= difficulty <= 1
     ):
         raise SimApiError(400, "sim.difficulty must be a number in [0, 1]", "sim.difficulty")
-    return Completion(
-        chat=chat,
-        stream=stream,
-        include_usage=include_usage,
-        prompt_text=text,
-        prompt_ids=ids,
-        max_tokens=max_tokens,
-        min_tokens=min_tokens,
-        ignore_eos=_bool(req, "ignore_eos"),
-        output_tokens=output_tokens,
-        difficulty=None if difficulty is None else float(difficulty),
-        seed=_opt_int(req, "seed", None),
-        random_sampling=_random_sampling(req.get("temperature")),
-        priority=priority,
-        request_id=request_id,
-        n=n,
-        batch=tuple(batch),
-    )
+    return output_tokens, None if difficulty is None else float(difficulty)
 
 
 #: vLLM's threshold below which a temperature means greedy sampling (``_SAMPLING_EPS``).

@@ -97,17 +97,10 @@ async def _stream(reqs: list[Request], req_id: str, model: str, c: Completion, s
 
 async def _feed(r: Request, w: ChunkWriter, out: asyncio.Queue[bytes | None]) -> None:
     """One choice's chunks onto ``out`` as its tokens come; then None."""
-    sent, last = 0, r.final_len - 1
     try:
-        while True:
-            await r.wait_for_output(sent)
-            if r.status is Status.ABORTED:
-                return
-            n = len(r.output)
-            if n > last:
-                out.put_nowait(b"".join(w.token_chunks(r.output, sent, last + 1, r.finish_reason)))
-                return
-            parts, sent = w.token_chunks(r.output, sent, n), n
+        async for start, stop in r.follow():
+            finish = r.finish_reason if stop >= r.final_len else None
+            parts = w.token_chunks(r.output, start, stop, finish)
             if parts:
                 out.put_nowait(b"".join(parts))
     finally:

@@ -239,6 +239,7 @@ class Engine:
                     # a schedule behind the loop's clock can predate the queueing (a late wake-up): no negative wait
                     at = scheduled_at if scheduled_at > req.queued_at else req.queued_at
                     req.first_scheduled = at
+                    req.cached_tokens = start
                     st.queue.observe(at - req.queued_at)
                 running.append(req)
                 reqs.append(req)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from enum import Enum
 
 from backends.sim.textgen import MARKER_INDEX, VOCAB_IDS, Answer
@@ -23,6 +24,7 @@ class Request:
         "arrival",
         "block_hashes",
         "block_ids",
+        "cached_tokens",
         "final_len",
         "finish_reason",
         "finished_at",
@@ -70,6 +72,7 @@ class Request:
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []
         self.num_cached_blocks = 0
+        self.cached_tokens = 0  # prompt tokens found in the prefix cache when first scheduled (num_cached_tokens)
         self.status = Status.PENDING
         self.arrival = arrival
         self.queued_at = arrival  # when it reached the engine's queue (after the front end)
@@ -113,6 +116,20 @@ class Request:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiter = fut
         await fut
+
+    async def follow(self) -> AsyncIterator[tuple[int, int]]:
+        """``(start, stop)`` of each run of new tokens, until the last; ends early (status ABORTED) on abort."""
+        sent = 0
+        while True:
+            await self.wait_for_output(sent)
+            if self.status is Status.ABORTED:
+                return
+            n = len(self.output)
+            if n > sent:
+                yield sent, n
+                sent = n
+            if n >= self.final_len:
+                return
 
     def wake(self) -> None:
         w = self.waiter

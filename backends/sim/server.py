@@ -23,13 +23,17 @@ import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from backends.listen import listen
-from backends.sim import api
+from backends.sim import api, responses, responses_stream, toolchat
 from backends.sim.api import JSON_HEADERS, SSE_HEADERS, ChunkWriter, Completion
 from backends.sim.choices import abort_on_disconnect, complete_many
 from backends.sim.engine import Engine, Request, Status
+from backends.sim.errors import not_found
 from backends.sim.gpu import SharedGPU
 from backends.sim.metrics import exposition, make_registry
-from backends.sim.textgen import VOCAB, draw_answer, tokenizer_for
+from backends.sim.script import Script, draw_script
+from backends.sim.textgen import VOCAB, Answer, draw_answer, tokenizer_for
+from backends.sim.tokenization import Tokenization
+from backends.sim.tools import Structure
 from backends.sim.waiting import make_queue
 from router.core import paths
 from router.core.asgi import ASGIApp, Receive, Scope, Send, read_body, respond
@@ -103,6 +107,7 @@ class SimApp:
         # vLLM refuses to start when max_model_len does not fit the KV cache; the sim caps it instead.
         self.max_model_len = min(settings.max_model_len or self.profile.max_model_len, self.engine.capacity_tokens)
         self.registry = make_registry(self.engine, self.model)
+        self.tokenization = Tokenization(self.tokenizer, self.model, self.max_model_len)
         self._created = int(time.time())
         # which process answers: `chimera serve` checks it is the worker it started, not one already on the port
         self._health_headers = [*JSON_HEADERS, (api.PID_HEADER.encode(), str(os.getpid()).encode())]
@@ -129,9 +134,27 @@ class SimApp:
                     rid,
                 )  # fmt: skip
                 await self._complete(req, receive, send)
+            elif path == paths.RESPONSES:
+                if method != "POST":
+                    raise SimApiError(405, "Method Not Allowed")
+                call = responses.parse(await _read_body(receive), self.model, self.max_model_len, self.tokenizer)
+                make = functools.partial(self._request, call.completion)
+                await responses_stream.complete(self.engine, self.model, self.settings.seed, call, make, receive, send)
+            elif path.startswith(paths.RESPONSES + "/"):  # retrieve, cancel: nothing is ever stored
+                raise responses.not_found(path.removeprefix(paths.RESPONSES + "/").removesuffix("/cancel"))
+            elif path in (paths.TOKENIZE, paths.DETOKENIZE):
+                if method != "POST":
+                    raise SimApiError(405, "Method Not Allowed")
+                body = await _read_body(receive)
+                t = self.tokenization
+                await respond(send, 200, t.tokenize(body) if path == paths.TOKENIZE else t.detokenize(body),
+                              JSON_HEADERS)  # fmt: skip
+            elif path == paths.EMBEDDINGS:
+                raise not_found()  # vLLM serves no pooling routes for a generative model
             elif method != "GET":
                 raise SimApiError(
-                    405 if path in (paths.HEALTH, paths.MODELS, paths.METRICS) else 404, "Method Not Allowed"
+                    405 if path in (paths.HEALTH, paths.MODELS, paths.METRICS, paths.VERSION) else 404,
+                    "Method Not Allowed",
                 )
             elif path == paths.HEALTH:
                 await respond(send, 200, b"", self._health_headers)
@@ -139,7 +162,7 @@ class SimApp:
                 await respond(send, 200, exposition(self.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())])
             elif path == paths.MODELS:
                 await respond(send, 200, self._models(), JSON_HEADERS)
-            elif path == "/version":
+            elif path == paths.VERSION:
                 await respond(send, 200, b'{"version":"0.26.0+sim"}', JSON_HEADERS)
             else:
                 raise SimApiError(404, "Not Found")
@@ -158,9 +181,17 @@ class SimApp:
         }
         return json.dumps({"object": "list", "data": [card]}).encode()
 
-    def _request(self, c: Completion, request_id: str, key: str, prompt_ids: list[int]) -> Request:
-        """An engine request answering ``c`` for a prompt, its answer drawn on ``key``."""
-        answer = draw_answer(self.settings.seed, self.model, key, self.profile.quality, c.output_tokens, c.difficulty)
+    def _request(
+        self, c: Completion, request_id: str, key: str, prompt_ids: list[int], natural: int | None = None
+    ) -> Request:
+        """An engine request answering ``c`` for a prompt, its answer drawn on ``key``; ``natural``: the length of
+        a scripted answer (no verdict), in place of a drawn one."""
+        if natural is None:
+            answer = draw_answer(
+                self.settings.seed, self.model, key, self.profile.quality, c.output_tokens, c.difficulty
+            )
+        else:
+            answer = Answer(natural_tokens=natural, word_start=0, marker=None)
         return Request(
             request_id,
             prompt_ids,
@@ -174,6 +205,9 @@ class SimApp:
         )
 
     async def _complete(self, c: Completion, receive: Receive, send: Send) -> None:
+        if c.structure is not None and c.structure.scripted:  # tool calls, a JSON document
+            await self._complete_scripted(c, c.structure, receive, send)
+            return
         if c.choices > 1:  # n > 1, or a batch of prompts: one engine request per answer
             await complete_many(self.engine, self.model, c, functools.partial(self._request, c), receive, send)
             return
@@ -200,6 +234,18 @@ class SimApp:
         finally:
             watcher.cancel()
             self.engine.abort(req)  # a no-op unless the handler itself was cancelled
+
+    async def _complete_scripted(self, c: Completion, s: Structure, receive: Receive, send: Send) -> None:
+        req_id = api.new_id(True, c.request_id)
+        scripts: list[Script] = []
+        reqs: list[Request] = []
+        for p, (text, ids) in enumerate(c.batch):
+            for i in range(c.n):
+                key = api.answer_key(c, text, i)
+                scripts.append(draw_script(s, self.settings.seed, self.model, key))
+                rid = req_id if c.choices == 1 else f"{req_id}-{p * c.n + i}"
+                reqs.append(self._request(c, rid, key, ids, len(scripts[-1].pieces)))
+        await toolchat.complete(self.engine, self.model, req_id, c, scripts, reqs, receive, send)
 
     async def _stream(self, req: Request, c: Completion, send: Send) -> None:
         w = ChunkWriter(req.request_id, c.chat, self.model)

@@ -89,7 +89,8 @@ def _wordlevel_id(word: str, vocab_size: int) -> int:
 
 
 def chat_text(messages: Iterable[object]) -> str:
-    """The text the sim tokenizes for a chat: each message's role then its content."""
+    """The text the sim tokenizes for a chat: each message's role, its content, and the name and arguments of
+    each tool call it made (a tool result is a message of role ``tool``)."""
     parts: list[str] = []
     for msg in messages:
         if not isinstance(msg, dict):
@@ -107,6 +108,11 @@ def chat_text(messages: Iterable[object]) -> str:
                     parts.append(part["text"])
         elif content is not None:
             raise ValueError("message 'content' must be a string or a list of parts")
+        calls = msg.get("tool_calls")  # an assistant turn that called tools: the template renders the calls
+        for call in calls if isinstance(calls, list) else ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                parts += [str(fn.get("name", "")), str(fn.get("arguments", ""))]
     return " ".join(parts)
 
 
