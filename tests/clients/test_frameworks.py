@@ -13,12 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.frameworks.conftest import Gateway
+from tests.clients.conftest import Gateway, tool_env
 
 pytestmark = pytest.mark.slow
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-CREWAI_VENV = ROOT / ".venv-crewai"
+APPS = Path(__file__).resolve().parents[2] / "examples" / "frameworks"
 
 
 def check_run(proc: subprocess.CompletedProcess[str], rows: list[Any], endpoint: str) -> Counter[str]:
@@ -35,7 +33,7 @@ def check_run(proc: subprocess.CompletedProcess[str], rows: list[Any], endpoint:
 
 
 def test_openai_agents_sdk_on_its_defaults_uses_the_responses_api(gateway: Gateway) -> None:
-    proc, rows = gateway.run(sys.executable, "openai_agents_app.py")
+    proc, rows = gateway.run([sys.executable, str(APPS / "openai_agents_app.py"), "a todo list"])
     agents = check_run(proc, rows, "responses")
     assert agents["planner"] == 1  # its one turn: the handoff to the coder
     assert agents["coder"] == 2  # the tool call, then the answer after the tool's result
@@ -45,13 +43,13 @@ def test_openai_agents_sdk_on_its_defaults_uses_the_responses_api(gateway: Gatew
 
 
 def test_langgraph_with_langchain_openai(gateway: Gateway) -> None:
-    proc, rows = gateway.run(sys.executable, "langgraph_app.py")
+    proc, rows = gateway.run([sys.executable, str(APPS / "langgraph_app.py"), "a todo list"])
     agents = check_run(proc, rows, "chat")
     assert agents == {"planner": 1, "coder": 2, "reviewer": 1}  # the coder's loop: tool calls, then text
 
 
 def test_autogen_agentchat_round_robin_team(gateway: Gateway) -> None:
-    proc, rows = gateway.run(sys.executable, "autogen_app.py")
+    proc, rows = gateway.run([sys.executable, str(APPS / "autogen_app.py"), "a todo list"])
     agents = check_run(proc, rows, "chat")
     assert set(agents) == {"planner", "coder", "reviewer"}
     assert "ToolCallRequestEvent" in proc.stdout and "tool results" in proc.stdout
@@ -59,20 +57,8 @@ def test_autogen_agentchat_round_robin_team(gateway: Gateway) -> None:
 
 @pytest.mark.timeout(900)
 def test_crewai_sequential_crew(gateway: Gateway) -> None:
-    proc, rows = gateway.run(str(crewai_python()), "crewai_app.py", timeout_s=180)
+    python = tool_env("crewai") / "python"
+    proc, rows = gateway.run([str(python), str(APPS / "crewai_app.py"), "a todo list"], timeout_s=180)
     agents = check_run(proc, rows, "chat")
     assert agents["planner"] == 1 and agents["reviewer"] == 1
     assert agents["coder"] >= 2  # the tool call, then the answer after the tool's result
-
-
-def crewai_python() -> Path:
-    """CrewAI in an environment of its own: it needs openai < 3, the OpenAI Agents SDK openai >= 3. Made once
-    (about a minute from a package index), then reused while it has what crewai-requirements.txt asks."""
-    python = CREWAI_VENV / "bin" / "python"
-    req = HERE / "crewai-requirements.txt"
-    stamp = CREWAI_VENV / "requirements.txt"
-    if not (python.exists() and stamp.exists() and stamp.read_text() == req.read_text()):
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(CREWAI_VENV)], check=True, timeout=120)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(req)], check=True, timeout=800)
-        stamp.write_text(req.read_text())
-    return python
