@@ -1,7 +1,8 @@
 """A multi-agent app on chimera-router with the OpenAI Agents SDK, on its default settings (the Responses API).
 
-A planner hands the task off to a coder, which runs a tool; a reviewer then reads the coder's answer,
-streamed.
+A planner hands the task off to a coder, which runs a tool (the two streamed); a reviewer then reads the
+coder's answer.
+
 Each agent is its own model client with its own API key, so the gateway applies that agent's models,
 SLA and priority; the model is "auto": the router picks the worker.
 
@@ -69,14 +70,13 @@ async def main(task: str) -> int:
         instructions="Review the code. Say APPROVED or list the changes needed.",
         model=model_for("REVIEWER_KEY"),
     )
-    built = await Runner.run(planner, task, max_turns=6)
+    built = Runner.run_streamed(planner, task, max_turns=6)  # the handoff and the tool call, as events
+    async for event in built.stream_events():
+        if event.type == "run_item_stream_event" and event.name in ("handoff_occured", "tool_called"):
+            print(f"event {event.name}")
     print(f"[{built.last_agent.name}] {built.final_output}")
-    review = Runner.run_streamed(reviewer, f"Task: {task}\n\nCode:\n{built.final_output}")  # token by token
-    deltas = 0
-    async for event in review.stream_events():
-        if event.type == "raw_response_event" and event.data.type == "response.output_text.delta":
-            deltas += 1
-    print(f"[{review.last_agent.name}] ({deltas} deltas) {review.final_output}")
+    review = await Runner.run(reviewer, f"Task: {task}\n\nCode:\n{built.final_output}")
+    print(f"[{review.last_agent.name}] {review.final_output}")
     return 0
 
 
