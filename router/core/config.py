@@ -226,6 +226,11 @@ class PolicyOptions(_Frozen):
     wrong_answer_stage_s: Annotated[float, Field(ge=0)] = 0.0
     """`predictive`: added to `wrong_answer_s` per stage of the request's workflow (`x-workflow-stage`, capped at 16);
     needs `wrong_answer_s > 0`."""
+    spread_margin: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """`predictive`: workers whose expected cost is within this fraction of the least share the requests, weighted
+    by how close they are (a tie evenly, the margin's edge 0.3 of that), so a near tie does not send every step of
+    an agent to one worker (0: always the least). Under `wrong_answer_s: 0`: workers of the chosen one's quality
+    within this fraction of its p90 e2e."""
     latency_feedback: bool = True
     """`predictive`: scale each worker's predicted TTFT and decode time by how its recent requests ran against their
     predictions."""

@@ -46,7 +46,7 @@ _REGISTRY: dict[str, PolicyFactory] = {
 USES_PREDICTOR = frozenset({"predictive"})
 
 _PREDICTIVE_OPTIONS = ["latency_slack", "affinity_load_ratio", "affinity_load_slack"]
-_PREDICTIVE_OPTIONS += ["wrong_answer_s", "wrong_answer_stage_s", "latency_feedback"]
+_PREDICTIVE_OPTIONS += ["wrong_answer_s", "wrong_answer_stage_s", "latency_feedback", "spread_margin"]
 
 #: The ``gateway.policy_options`` each policy reads (the others do nothing under it: router.checks).
 OPTIONS_READ: dict[str, frozenset[str]] = {

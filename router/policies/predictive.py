@@ -37,6 +37,8 @@ reads the simulator-only ``sim`` field (the gateway does not pass it).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Mapping
 
 import numpy as np
@@ -48,6 +50,8 @@ from router.core.config import PolicyOptions
 from router.core.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
 
 MAX_STAGE = 16  # wrong_answer_stage_s counts at most this many stages (a runaway loop's cost stays bounded)
+EDGE_WEIGHT = 0.3  # spread_margin: the weight of a candidate at the margin's edge (a tied one weighs 1)
+MASK64 = (1 << 64) - 1
 
 
 def guarded_shares(features: RequestFeatures, views: tuple[BackendView, ...], options: PolicyOptions) -> Array:
@@ -62,8 +66,44 @@ def guarded_shares(features: RequestFeatures, views: tuple[BackendView, ...], op
     return np.asarray([0.0 if n > limit else s for s, n in zip(shares, load, strict=True)], dtype=np.float64)
 
 
+def spread_near_ties(order: list[int], costs: list[float], margin: float, u: float) -> list[int]:
+    """``order`` (by ascending ``costs``) with its first place drawn among the candidates whose cost is within
+    ``margin`` (a fraction) of the least: weight ``1 - (1 - EDGE_WEIGHT) x gap / margin`` for a relative gap
+    ``gap``, so a tie is split evenly and a candidate at the margin's edge still gets ``EDGE_WEIGHT`` of a tied
+    one's share. ``u`` in [0, 1) picks; the rest keep their order."""
+    least = costs[0]
+    if least <= 0.0:
+        return order
+    weights = []
+    for c in costs:
+        gap = c / least - 1.0
+        if gap > margin:
+            break
+        weights.append(1.0 - (1.0 - EDGE_WEIGHT) * gap / margin)
+    if len(weights) < 2:
+        return order
+    edges = list(itertools.accumulate(weights))
+    j = min(bisect.bisect_right(edges, u * edges[-1]), len(edges) - 1)
+    return [order[j], *order[:j], *order[j + 1 :]]
+
+
+def draw(seq: int) -> float:
+    """A uniform number in [0, 1) from the gateway's request counter: a fixed mix of its bits (SplitMix64), so
+    the policy stays a pure function of its inputs while near-ties are split as by a fair draw."""
+    z = (seq * 0x9E3779B97F4A7C15 + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+
 def rank(
-    p: Prediction, features: RequestFeatures, slack: float, scale: Array | None = None, wrong_ms: float = 0.0
+    p: Prediction,
+    features: RequestFeatures,
+    slack: float,
+    scale: Array | None = None,
+    wrong_ms: float = 0.0,
+    spread: float = 0.0,
+    u: float = 0.0,
 ) -> tuple[list[int], str]:
     """Candidate indices, best first, and why the first was chosen.
 
@@ -72,7 +112,9 @@ def rank(
     answer costs the workflow: the check that catches it, a retry round, the risk that the task fails);
     ``wrong_ms`` = 0 — Chimera's rule, the most capable within ``slack`` x the fastest's p90 e2e. Then
     the other SLA-meeting candidates by the same key,
-    then the rest by predicted lateness.
+    then the rest by predicted lateness. With ``spread`` > 0 the first place is drawn (by ``u``) among the
+    candidates within ``spread`` of the least expected cost (:func:`spread_near_ties`); under Chimera's rule,
+    among the best's equals in quality within ``spread`` of its p90 e2e.
 
     ``scale``: each worker's ``time_scale`` (wall seconds per modelled second); SLOs are in modelled
     time, so predictions are divided by it before they are compared with them. (Plain Python over the
@@ -100,9 +142,15 @@ def rank(
         e2e50: list[float] = (p.e2e[:, 0] * k).tolist()
         cost = {i: e2e50[i] + (1.0 - quality[i]) * wrong_ms for i in ok}
         order = sorted(ok, key=cost.__getitem__)
-        return [*order, *rest_bad], ("fastest" if order[0] == fastest else "quality")
+        if spread > 0.0 and len(order) > 1:
+            order = spread_near_ties(order, [cost[i] for i in order], spread, u)
+        why = "fastest" if order[0] == fastest else "quality"
+        return [*order, *rest_bad], why
     limit = slack * e2e90[fastest]
     best = min((i for i in ok if e2e90[i] <= limit), key=lambda i: (-quality[i], e2e90[i]))
+    if spread > 0.0:  # workers as capable as the best (replicas of its model) share by their p90 e2e
+        peers = sorted((i for i in ok if e2e90[i] <= limit and quality[i] == quality[best]), key=e2e90.__getitem__)
+        best = spread_near_ties(peers, [e2e90[i] for i in peers], spread, u)[0]
     rest_ok = sorted((i for i in ok if i != best), key=e2e90.__getitem__)
     return [best, *rest_ok, *rest_bad], ("fastest" if best == fastest else "slack")
 
@@ -117,6 +165,7 @@ def make_predictive(
     slot = slot or ModelSlot(PriorPredictor())
     profiles = dict(profiles or {})
     slack, wrong_ms, feedback = options.latency_slack, options.wrong_answer_s * 1e3, options.latency_feedback
+    spread = options.spread_margin
     stage_ms = options.wrong_answer_stage_s * 1e3
 
     def predictive(features: RequestFeatures, snapshot: FleetSnapshot) -> Decision:
@@ -133,7 +182,7 @@ def make_predictive(
         scale = np.fromiter((w.time_scale for w in worker_profiles), np.float64, len(views))
         stage = min(features.workflow_stage or 0, MAX_STAGE)  # the stage term needs the expected-cost rule:
         wrong = wrong_ms + stage_ms * stage if wrong_ms and stage > 0 else wrong_ms
-        order, why = rank(p, features, slack, scale, wrong)
+        order, why = rank(p, features, slack, scale, wrong, spread, draw(features.seq) if spread else 0.0)
         i = order[0]
         rows = (a[i].tolist() for a in (p.ttft, p.tpot, p.e2e, p.output))
         (ttft, ttft90), (tpot, _), (e2e, e2e90), (out, out90) = rows

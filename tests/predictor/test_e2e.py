@@ -121,9 +121,10 @@ def test_replicas_on_redis_share_the_prefix_index(
 
 def test_predictive_learns_a_worker_slower_than_its_profile(sim_server: Start, gateway_server: Start) -> None:
     """Two workers the gateway believes alike (same model, same profile, speedup 0.5), one of them really
-    running four times slower: the prior ties them, so the first request goes to the slow one (listed
-    first); its streamed timings against the prediction raise its ``tpot_bias``, and the policy moves to
-    the fast one. With ``latency_feedback: false`` the tie never breaks."""
+    running four times slower: the prior ties them, so the policy splits the first requests between them
+    (``spread_margin``); the slow one's streamed timings against the prediction raise its ``tpot_bias``,
+    and from its first answer on every request goes to the fast one. With ``latency_feedback: false`` the
+    tie never breaks: both keep getting requests."""
     slow = sim_server(model="qwen2.5-1.5b", profile="h200-qwen2.5-1.5b", speedup=0.125)
     fast = sim_server(model="qwen2.5-1.5b", profile="h200-qwen2.5-1.5b", speedup=0.5)
     sim = {"profile": "h200-qwen2.5-1.5b", "speedup": 0.5}  # what the gateway believes (its prior's time scale)
@@ -132,8 +133,9 @@ def test_predictive_learns_a_worker_slower_than_its_profile(sim_server: Start, g
     ]
 
     def run(feedback: bool) -> tuple[list[str], dict[str, Any]]:
-        cfg = make_config(backends, policy="predictive", policy_options={"latency_feedback": feedback},
-                          predictor={"refit_interval_s": 0})  # fmt: skip
+        # answers this short are mostly the wrong-answer term of the cost: a small one, so latency decides
+        options = {"latency_feedback": feedback, "wrong_answer_s": 0.2}
+        cfg = make_config(backends, policy="predictive", policy_options=options, predictor={"refit_interval_s": 0})
         gw = gateway_server(cfg)
         chosen = []
         with openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0) as client:
@@ -154,8 +156,9 @@ def test_predictive_learns_a_worker_slower_than_its_profile(sim_server: Start, g
 
     chosen, fleet = run(True)
     biases = {n: (b["ttft_bias"], b["tpot_bias"]) for n, b in fleet.items()}
-    assert chosen[0] == "slow" and chosen[1:] == ["fast"] * 9, (chosen, biases)
+    # the draw sends a tied request there within a few; once its bias is learned, its cost is out of the margin
+    assert 1 <= chosen.count("slow") <= 3 and chosen[-4:] == ["fast"] * 4, (chosen, biases)
     assert fleet["slow"]["tpot_bias"] > 1.15 * fleet["fast"]["tpot_bias"], biases
     assert fleet["slow"]["predicted_tpot_ms"] > 1.1 * fleet["fast"]["predicted_tpot_ms"]  # /fleet corrects too
     chosen, fleet = run(False)
-    assert chosen == ["slow"] * 10 and fleet["slow"]["tpot_bias"] == 1.0
+    assert set(chosen) == {"slow", "fast"} and fleet["slow"]["tpot_bias"] == 1.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -40,10 +41,12 @@ TABLE = {"fast": (1000, 100, 0.5), "good": (1250, 150, 0.8), "best": (1400, 120,
 
 
 def decide(features: RequestFeatures, table: dict[str, tuple[float, float, float]] = TABLE, slack: float = 1.3,
-           views: tuple[BackendView, ...] = VIEWS, wrong_s: float = 0.0) -> tuple[str, ...]:  # fmt: skip
-    options = PolicyOptions(latency_slack=slack, wrong_answer_s=wrong_s)
+           views: tuple[BackendView, ...] = VIEWS, wrong_s: float = 0.0, spread: float = 0.0,
+           seq: int = 0) -> tuple[str, ...]:  # fmt: skip
+    """The ranking for ``features`` (with ``seq``); ``spread``: the near-tie margin (0 here: the plain rule)."""
+    options = PolicyOptions(latency_slack=slack, wrong_answer_s=wrong_s, spread_margin=spread)
     policy = make_predictive(options, ModelSlot(Fixed(table)))
-    d = policy(features, FleetSnapshot(views))
+    d = policy(dataclasses.replace(features, seq=seq), FleetSnapshot(views))
     assert set(d.predicted) >= {"ttft_ms", "e2e_ms", "quality", "output_tokens"}
     return d.ranked
 
@@ -72,14 +75,18 @@ def test_expected_cost_weighs_the_chance_of_a_wrong_answer() -> None:
 def test_a_wrong_answer_costs_more_later_in_a_workflow() -> None:
     """wrong_answer_stage_s adds to the cost per workflow stage (x-workflow-stage): the same prompt goes
     to the fast worker at the start of a workflow and to the capable one late in it."""
-    policy = make_predictive(PolicyOptions(wrong_answer_s=0.4, wrong_answer_stage_s=0.5), ModelSlot(Fixed(TABLE)))
+    policy = make_predictive(
+        PolicyOptions(wrong_answer_s=0.4, wrong_answer_stage_s=0.5, spread_margin=0), ModelSlot(Fixed(TABLE))
+    )
     at = lambda stage: policy(feats(workflow_stage=stage), FleetSnapshot(VIEWS)).ranked[0]  # noqa: E731
     assert at(None) == at(0) == "fast"  # 0.4 s: 1000 < 1080 < 1140 (e2e p50 + P(wrong) x cost)
     assert at(6) == "best"  # 3.4 s: 1120 + 170 < 1000 + 680 < 800 + 1700
     assert at(10_000) == at(16) == "best"  # capped at MAX_STAGE (uncapped, the 0.99 "slow" would win)
-    no_stage = make_predictive(PolicyOptions(wrong_answer_s=0.4), ModelSlot(Fixed(TABLE)))
+    no_stage = make_predictive(PolicyOptions(wrong_answer_s=0.4, spread_margin=0), ModelSlot(Fixed(TABLE)))
     assert no_stage(feats(workflow_stage=6), FleetSnapshot(VIEWS)).ranked[0] == "fast"  # off by default
-    slack_rule = make_predictive(PolicyOptions(wrong_answer_s=0, wrong_answer_stage_s=0.5), ModelSlot(Fixed(TABLE)))
+    slack_rule = make_predictive(
+        PolicyOptions(wrong_answer_s=0, wrong_answer_stage_s=0.5, spread_margin=0), ModelSlot(Fixed(TABLE))
+    )
     assert slack_rule(feats(workflow_stage=6), FleetSnapshot(VIEWS)).ranked[0] == "good"  # Chimera's rule at any stage
 
 
@@ -92,13 +99,15 @@ def test_feedback_prices_each_worker_as_its_requests_ran() -> None:
     assert decide(feats(), table, views=views, wrong_s=2.0)[0] == "good"  # 960 + 600 < 800 + 1000
     slow = (views[0], BackendView(name="good", model="m", tpot_bias=1.5))
     assert decide(feats(), table, views=slow, wrong_s=2.0)[0] == "fast"  # 80 + 880 x 1.5 + 600 > 1800
-    policy = make_predictive(PolicyOptions(wrong_answer_s=2.0), ModelSlot(Fixed(table)))
+    policy = make_predictive(PolicyOptions(wrong_answer_s=2.0, spread_margin=0), ModelSlot(Fixed(table)))
     d = policy(feats(), FleetSnapshot((views[0], BackendView(name="good", model="m", ttft_bias=2.0))))
     assert d.ranked[0] == "good"
     assert d.predicted["ttft_ms"] == pytest.approx(160.0) and d.predicted["ttft_model_ms"] == pytest.approx(80.0)
     assert d.predicted["e2e_ms"] == pytest.approx(1040.0)  # the decode part as predicted
     assert d.predicted["tpot_model_ms"] == pytest.approx((960 - 80) / 99)  # e2e's decode part per token
-    off = make_predictive(PolicyOptions(wrong_answer_s=2.0, latency_feedback=False), ModelSlot(Fixed(table)))
+    off = make_predictive(
+        PolicyOptions(wrong_answer_s=2.0, latency_feedback=False, spread_margin=0), ModelSlot(Fixed(table))
+    )
     assert off(feats(), FleetSnapshot(slow)).ranked[0] == "good"
     assert "ttft_model_ms" not in off(feats(), FleetSnapshot(slow)).predicted
 
@@ -121,7 +130,7 @@ def test_tpot_slo_is_checked() -> None:
 def test_slos_are_compared_in_modelled_time() -> None:
     # A sim at speedup 0.5 (time_scale 2): wall-clock predictions are twice the modelled ones.
     slow_clock = {v.name: profile_for(None, "qwen2.5-7b", 2.0) for v in VIEWS}
-    policy = make_predictive(PolicyOptions(wrong_answer_s=1.6), ModelSlot(Fixed(TABLE)), slow_clock)
+    policy = make_predictive(PolicyOptions(wrong_answer_s=1.6, spread_margin=0), ModelSlot(Fixed(TABLE)), slow_clock)
     assert policy(feats(e2e_slo_ms=800), FleetSnapshot(VIEWS)).ranked[0] == "best"  # 1400 wall = 700 modelled
     assert decide(feats(e2e_slo_ms=800))[0] == "fast"  # at time_scale 1 nobody meets it: least lateness
 
@@ -173,3 +182,39 @@ def test_decision_micro_benchmark_over_8_workers() -> None:
     print(f"\npredictive decision over 8 workers: p50 {np.median(times) * 1e6:.0f} us, "
           f"p99 {np.quantile(times, 0.99) * 1e6:.0f} us")  # fmt: skip
     assert len(policy(f, snap).ranked) == 8
+
+
+def test_near_ties_are_split_by_how_close_they_are() -> None:
+    """spread_margin: workers within the margin of the least expected cost share the first place, a tie evenly
+    and the margin's edge at 0.3 of a tied one's weight; beyond it the least always wins. The split is drawn from
+    the gateway's request counter, so a decision is a pure function of its inputs."""
+    views = tuple(BackendView(name=n, model="m") for n in ("a", "b"))
+
+    def shares(b_e2e: float, spread: float = 0.1) -> float:
+        table = {"a": (1000.0, 100.0, 0.5), "b": (b_e2e, 100.0, 0.5)}  # same quality: the costs differ by e2e
+        firsts = [decide(feats(), table, views=views, wrong_s=2.0, spread=spread, seq=i)[0] for i in range(2000)]
+        return firsts.count("b") / len(firsts)
+
+    assert shares(1000.0) == pytest.approx(0.5, abs=0.04)  # a tie: evenly
+    # cost = e2e p50 (0.8 x p90) + 0.5 x 2000: a 1.09 x the e2e of a is a 4 % higher cost: weight 1 - 0.7 x 0.4
+    assert shares(1090.0) == pytest.approx(0.72 / 1.72, abs=0.04)
+    assert shares(1210.0) == pytest.approx(0.347 / 1.347, abs=0.04)  # a cost 9.3 % above: more than 15 % of steps
+    assert shares(1240.0) == 0.0  # 10.7 %: outside the margin
+    assert shares(1000.0, spread=0.0) == 0.0  # off: the least (the first listed on a tie)
+    same = [decide(feats(), {"a": TABLE["fast"], "b": TABLE["fast"]}, views=views, wrong_s=2.0, spread=0.1, seq=7)
+            for _ in range(3)]  # fmt: skip
+    assert len(set(same)) == 1  # the same request, the same decision
+    # the fallbacks after the drawn first place keep their order
+    three = tuple(BackendView(name=n, model="m") for n in ("a", "b", "c"))
+    table3 = {"a": (1000.0, 100.0, 0.5), "b": (1000.0, 100.0, 0.5), "c": (3000.0, 100.0, 0.5)}
+    assert {decide(feats(), table3, views=three, wrong_s=2.0, spread=0.1, seq=i)[1:] for i in range(50)} == {
+        ("b", "c"), ("a", "c")}  # fmt: skip
+
+
+def test_chimera_rule_spreads_over_equally_capable_workers() -> None:
+    """Under wrong_answer_s: 0, the spread is among the chosen worker's equals in quality (replicas of its model)
+    within the margin of its p90 e2e; a more capable worker is never traded for a faster one by it."""
+    views = tuple(BackendView(name=n, model="m") for n in ("r1", "r2", "small"))
+    table = {"r1": (1000.0, 100.0, 0.8), "r2": (1050.0, 100.0, 0.8), "small": (900.0, 100.0, 0.5)}
+    firsts = [decide(feats(), table, views=views, spread=0.1, seq=i)[0] for i in range(1000)]
+    assert set(firsts) == {"r1", "r2"} and 0.3 < firsts.count("r2") / 1000 < 0.5
