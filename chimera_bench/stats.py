@@ -14,6 +14,7 @@ latencies are 1/speedup times the modelled GPU's, so the objectives are scaled b
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -75,6 +76,7 @@ def summarize(log: RunLog, config: Config, *, warmup_s: float, duration_s: float
             "sla_attainment": _share(sum(meets_sla(r, config, sla_scale) for r in mine), len(mine)),
             "ttft_ms_p90": quantiles(r.ttft_s * 1000 for r in mine_ok if r.ttft_s is not None)["p90"],
             "e2e_ms_p90": quantiles(r.e2e_s * 1000 for r in mine_ok if r.e2e_s is not None)["p90"],
+            "model_share": _shares(r.model for r in mine_ok),
         }
     models: dict[str, int] = {}
     for r in ok:
@@ -98,6 +100,13 @@ def summarize(log: RunLog, config: Config, *, warmup_s: float, duration_s: float
         "model_share": {m: round(n / len(ok), 3) for m, n in sorted(models.items())} if ok else {},
         "peak_kv_usage": _peak_kv(log),
     }
+
+
+def _shares(models: Iterable[str]) -> dict[str, float]:
+    """Each model's share of ``models`` (the models that served an agent's answered requests)."""
+    counts = Counter(models)
+    total = sum(counts.values())
+    return {m: round(n / total, 3) for m, n in sorted(counts.items())}
 
 
 def _share(n: int, d: int) -> float | None:

@@ -104,8 +104,9 @@ def rank(
     wrong_ms: float = 0.0,
     spread: float = 0.0,
     u: float = 0.0,
-) -> tuple[list[int], str]:
-    """Candidate indices, best first, and why the first was chosen.
+) -> tuple[list[int], str, float | None]:
+    """Candidate indices, best first, why the first was chosen, and (under the expected-cost rule, with two or
+    more candidates meeting the SLA) how much dearer the second least expected cost is than the least.
 
     Among the candidates predicted to meet the SLA and ``min_quality`` (all, without an SLA):
     ``wrong_ms`` > 0 — the least expected cost ``e2e p50 + (1 - quality) x wrong_ms`` (what a wrong
@@ -135,24 +136,26 @@ def rank(
         late = [x + max(0.0, mq - q) for x, q in zip(late, quality, strict=True)]
     ok = [i for i in range(n) if late[i] <= 0.0]
     if not ok:
-        return sorted(range(n), key=lambda i: (late[i], e2e90[i])), "least_late"
+        return sorted(range(n), key=lambda i: (late[i], e2e90[i])), "least_late", None
     rest_bad = sorted((i for i in range(n) if late[i] > 0.0), key=lambda i: (late[i], e2e90[i]))
     fastest = min(ok, key=e2e90.__getitem__)
     if wrong_ms > 0.0:
         e2e50: list[float] = (p.e2e[:, 0] * k).tolist()
         cost = {i: e2e50[i] + (1.0 - quality[i]) * wrong_ms for i in ok}
         order = sorted(ok, key=cost.__getitem__)
+        costs = [cost[i] for i in order]
         if spread > 0.0 and len(order) > 1:
-            order = spread_near_ties(order, [cost[i] for i in order], spread, u)
+            order = spread_near_ties(order, costs, spread, u)
         why = "fastest" if order[0] == fastest else "quality"
-        return [*order, *rest_bad], why
+        gap = costs[1] / costs[0] - 1.0 if len(costs) > 1 and costs[0] > 0.0 else None
+        return [*order, *rest_bad], why, gap
     limit = slack * e2e90[fastest]
     best = min((i for i in ok if e2e90[i] <= limit), key=lambda i: (-quality[i], e2e90[i]))
     if spread > 0.0:  # workers as capable as the best (replicas of its model) share by their p90 e2e
         peers = sorted((i for i in ok if e2e90[i] <= limit and quality[i] == quality[best]), key=e2e90.__getitem__)
         best = spread_near_ties(peers, [e2e90[i] for i in peers], spread, u)[0]
     rest_ok = sorted((i for i in ok if i != best), key=e2e90.__getitem__)
-    return [best, *rest_ok, *rest_bad], ("fastest" if best == fastest else "slack")
+    return [best, *rest_ok, *rest_bad], ("fastest" if best == fastest else "slack"), None
 
 
 def make_predictive(
@@ -182,7 +185,7 @@ def make_predictive(
         scale = np.fromiter((w.time_scale for w in worker_profiles), np.float64, len(views))
         stage = min(features.workflow_stage or 0, MAX_STAGE)  # the stage term needs the expected-cost rule:
         wrong = wrong_ms + stage_ms * stage if wrong_ms and stage > 0 else wrong_ms
-        order, why = rank(p, features, slack, scale, wrong, spread, draw(features.seq) if spread else 0.0)
+        order, why, gap = rank(p, features, slack, scale, wrong, spread, draw(features.seq) if spread else 0.0)
         i = order[0]
         rows = (a[i].tolist() for a in (p.ttft, p.tpot, p.e2e, p.output))
         (ttft, ttft90), (tpot, _), (e2e, e2e90), (out, out90) = rows
@@ -191,6 +194,8 @@ def make_predictive(
             "e2e_p90_ms": max(e2e, e2e90) * 1e3, "quality": float(p.quality[i]), "output_tokens": out,
             "output_tokens_p90": out90, "workflow_remaining_tokens": float(p.remaining[i]),
         }  # fmt: skip
+        if gap is not None:  # a near tie (within spread_margin) was split; the request log shows how near
+            predicted["cost_gap"] = gap
         if feedback:  # the estimator's own TTFT and decode time per token, which the worker's timings correct
             ttft_raw, e2e_raw = float(raw.ttft[i, 0]), float(raw.e2e[i, 0])
             tpot_raw = (e2e_raw - ttft_raw) / (out - 1.0) if out > 1.5 and e2e_raw > ttft_raw else float(raw.tpot[i, 0])

@@ -218,3 +218,12 @@ def test_chimera_rule_spreads_over_equally_capable_workers() -> None:
     table = {"r1": (1000.0, 100.0, 0.8), "r2": (1050.0, 100.0, 0.8), "small": (900.0, 100.0, 0.5)}
     firsts = [decide(feats(), table, views=views, spread=0.1, seq=i)[0] for i in range(1000)]
     assert set(firsts) == {"r1", "r2"} and 0.3 < firsts.count("r2") / 1000 < 0.5
+
+
+def test_the_decision_says_how_near_the_runner_up_was() -> None:
+    views = tuple(BackendView(name=n, model="m") for n in ("a", "b"))
+    table = {"a": (1000.0, 100.0, 0.5), "b": (1090.0, 100.0, 0.5)}  # costs 1800 and 1872 ms
+    policy = make_predictive(PolicyOptions(wrong_answer_s=2.0), ModelSlot(Fixed(table)))
+    assert policy(feats(), FleetSnapshot(views)).predicted["cost_gap"] == pytest.approx(0.04)
+    chimera = make_predictive(PolicyOptions(wrong_answer_s=0), ModelSlot(Fixed(table)))
+    assert "cost_gap" not in chimera(feats(), FleetSnapshot(views)).predicted
