@@ -9,6 +9,10 @@ python scripts/real_vllm.py configs CONFIG --real-out R.yaml [--sim-out S.yaml [
        on one GPU share one simulated GPU clock, as they share the real GPU
 python scripts/real_vllm.py merge OUT.json DIR...
     the results.json entries of several benches as one list
+python scripts/real_vllm.py shares LOG.jsonl [LOG2.jsonl ...] [--margin 0.1]
+    per gateway request log (one boot of the fleet each): every agent's share of steps per worker, and over the
+    near-tie decisions (the runner-up's expected cost within the margin: the log's predicted.cost_gap) each
+    worker's share; then how far each agent's shares moved from log to log
 python scripts/real_vllm.py table --real R.json [R2.json ...] --sim S.json [S2.json ...] [--real-counters per-run]
     TTFT, TPOT, e2e p50 / p99 per workload and policy, sim (scaled to modelled time) against real, and each
     run's prefix-cache hit rate; then how many latencies are within 10 %, by metric and by policy
@@ -157,6 +161,34 @@ def cmd_table(args: argparse.Namespace) -> None:
         print(f"within 10% by {name}: " + ", ".join(f"{m} {a}/{n}" for m, (a, n) in counts.items()))
 
 
+def cmd_shares(args: argparse.Namespace) -> None:
+    runs: list[dict[str, dict[str, float]]] = []
+    for path in args.logs:
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        rows = [r for r in rows if r.get("type") is None and r.get("agent") and r.get("backend")]
+        steps: dict[str, dict[str, int]] = {}
+        near: dict[str, int] = {}
+        for r in rows:
+            by = steps.setdefault(r["agent"], {})
+            by[r["backend"]] = by.get(r["backend"], 0) + 1
+            gap = (r.get("predicted") or {}).get("cost_gap")
+            if gap is not None and gap <= args.margin:
+                near[r["backend"]] = near.get(r["backend"], 0) + 1
+        share = {a: {b: n / sum(by.values()) for b, n in sorted(by.items())} for a, by in sorted(steps.items())}
+        runs.append(share)
+        total = sum(near.values())
+        print(f"{path}: {len(rows)} steps; near ties (cost gap <= {args.margin:g}): {total}, "
+              + ", ".join(f"{b} {n / total:.0%}" for b, n in sorted(near.items())) if total else "none")
+        for a, sh in share.items():
+            print(f"  {a:10s} {sum(steps[a].values()):4d} steps  " + "  ".join(f"{b} {x:.0%}" for b, x in sh.items()))
+    for a in sorted({a for run in runs for a in run}):
+        workers = sorted({b for run in runs for b in run.get(a, {})})
+        moved = max(max(run.get(a, {}).get(b, 0.0) for run in runs) - min(run.get(a, {}).get(b, 0.0) for run in runs)
+                    for b in workers)  # fmt: skip
+        top = max(max(run.get(a, {}).values(), default=0.0) for run in runs)
+        print(f"{a:10s} most to one worker {top:.0%}, moved at most {moved * 100:.0f} points across the logs")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -175,8 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--real-counters", choices=("cumulative", "per-run"), default="cumulative",
                    help="for results without worker_counters_since: the real workers' counters count from their "
                    "boot (default) or from the run's start")  # fmt: skip
+    sh = sub.add_parser("shares")
+    sh.add_argument("logs", nargs="+", help="gateway request logs (JSON lines), one per boot")
+    sh.add_argument("--margin", type=float, default=0.1, help="a near tie: the runner-up's cost within this fraction")
     args = p.parse_args(argv)
-    {"backends": cmd_backends, "configs": cmd_configs, "merge": cmd_merge, "table": cmd_table}[args.cmd](args)
+    cmds = {"backends": cmd_backends, "configs": cmd_configs, "merge": cmd_merge, "table": cmd_table}
+    {**cmds, "shares": cmd_shares}[args.cmd](args)
     return 0
 
 
