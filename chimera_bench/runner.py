@@ -290,14 +290,16 @@ def _client_pool(n: int) -> ProcessPoolExecutor | None:
 
 
 def _profile_digest(name: str) -> str | None:
-    """Which version of a sim profile a run used (profiles get recalibrated between runs)."""
+    """Which version of a sim profile a run used (profiles get recalibrated between runs): a digest of what the
+    simulator reads, so that a profile whose ``provenance`` or ``raw`` points alone change keeps its digest."""
     from router.core.profile import PROFILE_DIR
 
     path = Path(name) if name.endswith(".json") else PROFILE_DIR / f"{name}.json"
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
-    except OSError:
+        terms = {k: v for k, v in json.loads(path.read_bytes()).items() if k not in ("provenance", "raw")}
+    except (OSError, ValueError, AttributeError):
         return None
+    return hashlib.sha256(json.dumps(terms, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _pct(x: float | None) -> str:

@@ -89,12 +89,19 @@ class WorkerProfile:
         )  # fmt: skip
 
 
+def profile_choice(name: str | None, model: str = "") -> tuple[str, str]:
+    """The profile a worker routes with, and why: ``("<name>", "configured")`` for its own ``name``, else a guess,
+    ``("h200-<model>", "model")`` where one is shipped for its model name, else ``(DEFAULT_PROFILE, "default")``."""
+    if name is not None:
+        return name, "configured"
+    guess = f"h200-{model}"
+    return (guess, "model") if guess in available_profiles() else (DEFAULT_PROFILE, "default")
+
+
 @lru_cache(maxsize=64)
 def profile_for(name: str | None, model: str = "", time_scale: float = 1.0) -> WorkerProfile:
     """``name`` (a shipped profile or a JSON path), else ``h200-<model>`` if shipped, else the default."""
-    if name is None:
-        guess = f"h200-{model}"
-        name = guess if guess in available_profiles() else DEFAULT_PROFILE
+    name, _ = profile_choice(name, model)
     try:
         return WorkerProfile.of(load_profile(name), time_scale)
     except ProfileError:

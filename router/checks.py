@@ -1,4 +1,5 @@
-"""Options that do nothing where they stand: ``chimera check`` prints them, the gateway logs them at start-up.
+"""Options that do nothing where they stand: ``chimera check`` prints them, the gateway logs them at start-up; and
+the backends that route with a guessed profile, which ``chimera check`` names.
 
 Each warning is one line, ``file:line: key: message``, and says what would give the option its
 meaning. They are warnings, not errors and not silent defaults: a config that sets ``on_overload:
@@ -19,6 +20,28 @@ from router.policies import OPTIONS_READ, USES_PREDICTOR
 def inert_options(config: Config) -> list[str]:
     """One line per option that has no effect in this config (only options the file sets)."""
     return [str(config.error(loc, message)) for loc, message in _inert(config)]
+
+
+def guessed_profiles(config: Config) -> list[str]:
+    """One line per backend whose latency the gateway predicts from a guessed profile (it names none, and its
+    ``sim:`` none), where predictions steer routing: the predictive policy or ``gateway.predictor``."""
+    from predictor.prior import profile_choice
+
+    g = config.gateway
+    if g.policy not in USES_PREDICTOR and g.predictor is None:
+        return []
+    lines = []
+    for i, b in enumerate(config.backends):
+        name, why = profile_choice(b.profile_name, b.model)
+        if why == "configured":
+            continue
+        guess = ("the profile shipped for its model name, measured on an H200" if why == "model"
+                 else f"a default: none is shipped for model {b.model}")  # fmt: skip
+        fix = (f"measure the worker with `chimera profile --url {b.url} --model {b.model} --out {b.name}.json`, "
+               f"then set `profile: {b.name}.json`")  # fmt: skip
+        lines.append(str(config.error(("backends", i), f"no profile: its latency is predicted with {name}, {guess}; "
+                                      + fix)))  # fmt: skip
+    return lines
 
 
 def _inert(config: Config) -> Iterator[tuple[tuple[str | int, ...], str]]:

@@ -79,6 +79,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_workers_arguments(sub.add_parser("workers", help="start the config's real vLLM workers (launch:)"))
 
+    from backends.profiling.command import add_arguments as add_profile_arguments  # argparse only: cheap
+
+    add_profile_arguments(sub.add_parser("profile", help="probe a live worker and fit its profile (or refit probes)"))
+
     bench = sub.add_parser("bench", help="replay a multi-agent workload through the gateway per policy")
 
     from predictor.cli import add_arguments as add_predictor_arguments  # argparse only: cheap
@@ -107,13 +111,13 @@ def _needs_bench(argv: Sequence[str]) -> bool:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from router.checks import inert_options
+    from router.checks import guessed_profiles, inert_options
     from router.policies import check_policy
 
     cfg = load_config(args.file)
     check_policy(cfg)
     print(describe(cfg, args.file))
-    for line in inert_options(cfg):
+    for line in [*inert_options(cfg), *guessed_profiles(cfg)]:
         print(f"warning: {line}", file=sys.stderr)
     return EXIT_OK
 
@@ -138,8 +142,11 @@ def describe(cfg: Config, file: str) -> str:
     if g.request_log:
         details.append(f"request_log={g.request_log}")
     lines += ["  " + "  ".join(details), "backends:"]
+    from predictor.prior import profile_choice
+
     for b in cfg.backends:
-        extra = []
+        profile, why = profile_choice(b.profile_name, b.model)
+        extra = [f"profile={profile}" if why == "configured" else f"profile=guess({profile})"]
         if b.sim is not None:
             sim = b.sim
             knobs = [f"seed={sim.seed}"] + [f"{k}={v}" for k in ("kv_tokens", "max_num_seqs", "max_num_batched_tokens")
@@ -266,6 +273,12 @@ def _cmd_workers(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from backends.profiling.command import run
+
+    return run(args)
+
+
 def _cmd_predictor(args: argparse.Namespace) -> int:
     if args.predictor_command == "collect":
         from chimera_bench.cli import run_collect
@@ -277,7 +290,7 @@ def _cmd_predictor(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"serve": _cmd_serve, "check": _cmd_check, "sim": _cmd_sim, "bench": _cmd_bench,
-             "predictor": _cmd_predictor, "workers": _cmd_workers}  # fmt: skip
+             "predictor": _cmd_predictor, "workers": _cmd_workers, "profile": _cmd_profile}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,9 @@ runs it before any module of the package).
 - The gateway (``router``) and the predictor never import the simulator or the bench; only the CLI
   (``router.cli``) and ``chimera serve`` (``router.serve``) may start the simulator, and only the CLI
   hands over to the bench.
+- One named exception: the profiler (``backends.profiling``, `chimera profile`) is a tool outside serving,
+  like the bench; its fit replays a burst through the simulator's engine, so it may import ``backends.sim``.
+  Nothing serving imports the profiler (only the CLI does).
 - Nothing of ours imports ``chimera_bench`` but the CLI.
 - No import cycles.
 """
@@ -156,14 +159,26 @@ def test_the_simulator_stands_alone() -> None:
     assert _reach_violations(("backends.sim",), allowed) == []
 
 
+#: Tools outside serving that may use the simulator (docs/architecture.md): the profiler replays through its engine.
+SIM_TOOLS = ("backends.profiling",)
+
+
 @pytest.mark.parametrize("package", ["router", "predictor", "backends"])
 def test_nothing_serving_imports_the_simulator_or_the_bench(package: str) -> None:
     starters = ("router.cli", "router.serve")
     found = [v for v in _violations((package,), ("backends.sim",), ("backends.sim", "chimera_bench"))
              if not _within(v.split()[0], "backends.sim")]  # fmt: skip
+    found = [v for v in found if not (_within(v.split()[0], *SIM_TOOLS) and _within(v.split()[2], "backends.sim"))]
     found = [v for v in found if not (_within(v.split()[0], *starters) and "backends.sim" in v.split()[2])]
     found = [v for v in found if not (v.split()[0] == "router.cli" and _within(v.split()[2], "chimera_bench"))]
     assert found == []
+
+
+def test_only_the_cli_imports_the_profiler() -> None:
+    importers = sorted({src for src, targets in GRAPH.items() for dst in targets
+                        if _within(dst, *SIM_TOOLS) and not _within(src, *SIM_TOOLS)})  # fmt: skip
+    assert importers == ["router.cli"]
+    assert "backends.sim.engine" in _reach("backends.profiling.fit")  # (the exception is in use)
 
 
 def test_no_import_cycles() -> None:

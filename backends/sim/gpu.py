@@ -9,7 +9,7 @@ the launch-bound rest of an eager step), its own and never shared, then **GPU wo
 the queue, and handing the GPU to another context first costs ``switch`` seconds. A context alone
 keeps the GPU (no switch, no cut), so an idle neighbour costs nothing.
 
-The consequences measured on an H200 (``scripts/calibrate/data/colocate-*.json``, docs/profiling.md): small
+The consequences measured on an H200 (``docs/results/real-h200/probes/colocate-*.json``, docs/profiling.md): small
 workers whose GPU work fits in one slice lock-step (equal inter-token times, about the sum of their
 GPU parts plus the others' turns), and a step longer than a slice (the 7B's ~4.5 ms) needs several
 turns and waits for every neighbour's turn between them (three busy workers at batch 8: the 7B 3.2x its own
@@ -32,7 +32,7 @@ from backends.sim.engine import Batch, Engine
 
 #: The driver's timeslice and the cost of handing the GPU to another context, in real H200 seconds
 #: (divided by ``speedup``), vLLM 0.26.0: fitted to the shipped profiles' own steps over the shared phases
-#: (batches 1 and 8) of the co-location probes in ``scripts/calibrate/data/colocate-*.json``: 1.562 / 0.604 ms
+#: (batches 1 and 8) of the co-location probes in ``docs/results/real-h200/probes/colocate-*.json``: 1.562 / 0.604 ms
 #: (docs/profiling.md).
 TIMESLICE_S = 0.00156
 SWITCH_S = 0.0006

@@ -2,8 +2,8 @@
 
 A profile is a JSON file (``router/core/profiles/<name>.json``) describing one model on one GPU:
 its KV budget, the scheduler knobs vLLM ran with, and a linear model of one engine step's duration
-over per-step features (see :data:`STEP_FEATURES`). Profiles are measured on real hardware
-(``scripts/calibrate/probe.py``, then ``fit_profile.py``); this module only reads and validates them.
+over per-step features (see :data:`STEP_FEATURES`). Profiles are measured on a live worker with
+`chimera profile` (``backends/profiling/``, docs/profiling.md); this module only reads and validates them.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def test_bad_sampling_sections_are_refused(sim_profile: Profile) -> None:
 
 def test_shipped_profiles_carry_no_sampling_cost_until_the_probes_tell_it_from_zero() -> None:
     """A sampling cost is applied only where the probes' extra step time is over 2 standard errors; the
-    committed boots (scripts/calibrate/data/colocate-h200-s3.json: each worker's decode greedy and with the
+    committed boots (docs/results/real-h200/probes/colocate-h200-s3.json: each worker's decode greedy and with the
     bench's sampling) disagree (+0.34 ms and -0.07 ms on the small models: their speed drifts within a boot),
     so no shipped profile has ``sampling_s``."""
     for name in ("h200-qwen2.5-0.5b", "h200-qwen2.5-1.5b", "h200-qwen2.5-7b", "h200-qwen2.5-14b"):

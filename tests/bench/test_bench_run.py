@@ -208,3 +208,15 @@ def test_load_split_over_client_processes_runs_the_same_workflows(tmp_path: Path
         return {json.loads(line)["workflow_id"] for p in logs for line in p.read_text().splitlines()}
 
     assert workflow_ids(1) == workflow_ids(2)
+
+
+def test_a_profiles_digest_follows_its_terms_not_its_provenance(tmp_path: Path) -> None:
+    from chimera_bench.runner import _profile_digest
+    from router.core.profile import PROFILE_DIR
+
+    shipped = json.loads((PROFILE_DIR / "h200-qwen2.5-7b.json").read_text())
+    noted, refit = tmp_path / "noted.json", tmp_path / "refit.json"
+    noted.write_text(json.dumps({**shipped, "provenance": {"notes": "moved"}, "raw": {}}))
+    refit.write_text(json.dumps({**shipped, "step_time_s": {**shipped["step_time_s"], "base": 0.005}}))
+    assert _profile_digest("h200-qwen2.5-7b") == _profile_digest(str(noted)) != _profile_digest(str(refit))
+    assert _profile_digest(str(tmp_path / "none.json")) is None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from router.checks import inert_options
+from router.checks import guessed_profiles, inert_options
 from router.core.config import load_config
 from router.serve import preflight
 
@@ -79,3 +79,30 @@ def test_the_gateway_logs_them_at_start_up(tmp_path: Path, caplog: pytest.LogCap
         f"{path}:8: agents[batch].on_overload: degrade does nothing without gateway.admission "
         "(add `admission: {}` under gateway: to queue, reject or degrade when workers are full)"
     ]
+
+
+def test_check_shows_each_backends_profile_and_warns_where_a_guess_routes(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "gateway: {policy: predictive}\nbackends:\n"
+        "  - {name: known, url: 'http://127.0.0.1:9', model: qwen2.5-7b, kv_budget_tokens: 1000}\n"
+        "  - {name: mine, url: 'http://127.0.0.1:10', model: m, kv_budget_tokens: 1000}\n"
+        "  - {name: set, url: 'http://127.0.0.1:11', model: m, kv_budget_tokens: 1000, profile: h200-qwen2.5-0.5b}\n"
+        "agents:\n  - {name: a, models: [m]}\n"
+    )
+    proc = subprocess.run([sys.executable, "-m", "router.cli", "check", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("  ")}
+    assert "profile=guess(h200-qwen2.5-7b)" in rows["known"] and "profile=guess(h200-qwen2.5-7b)" in rows["mine"]
+    assert "profile=h200-qwen2.5-0.5b" in rows["set"]
+    assert proc.stderr.splitlines() == [
+        f"warning: {path}:3: backends[known]: no profile: its latency is predicted with h200-qwen2.5-7b, the profile "
+        "shipped for its model name, measured on an H200; measure the worker with `chimera profile --url "
+        "http://127.0.0.1:9 --model qwen2.5-7b --out known.json`, then set `profile: known.json`",
+        f"warning: {path}:4: backends[mine]: no profile: its latency is predicted with h200-qwen2.5-7b, a default: "
+        "none is shipped for model m; measure the worker with `chimera profile --url http://127.0.0.1:10 --model m "
+        "--out mine.json`, then set `profile: mine.json`",
+    ]
+    path.write_text(path.read_text().replace("policy: predictive", "policy: round_robin"))  # predictions route nothing
+    assert guessed_profiles(load_config(path)) == []
