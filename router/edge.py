@@ -106,7 +106,9 @@ class Completion:
         record.agent = agent.name
         record.requested_model, record.stream = parsed.model, parsed.stream
         models = resolve_models(gw.config, agent, parsed.model)
-        features = build_features(endpoint, agent, models, parsed, headers, gw.next_seq())
+        prompt_tokens = gw.prompt_lengths.estimate(parsed.prompt, models)
+        features = build_features(endpoint, agent, models, parsed, headers, gw.next_seq(), prompt_tokens)
+        record.prompt = parsed.prompt
         if gw.predictor is not None:  # the prompt's sketch and prefix affinity, computed once here
             features = gw.predictor.enrich(features, endpoint, payload, record)
         await enforce_rate_limits(gw, agent, features, record)

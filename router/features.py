@@ -1,8 +1,9 @@
 """What the router reads from a request body: validation, model resolution and cheap features.
 
 The body itself is forwarded unchanged; this module only looks at it. It never reads the
-simulator-only ``sim`` field, and it never tokenizes: the prompt-token estimate is
-``max(words, chars / 4)`` over the prompt text, which is what a router can afford per request.
+simulator-only ``sim`` field, and it never tokenizes: it gathers the prompt's text (message contents,
+tool calls and results, the tools' and a response format's schemas) and counts its characters by kind
+(:mod:`router.promptlen`), which the gateway prices at the rates calibrated for the served model.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Any
 from router.core.config import AUTO_MODEL, AgentConfig, Config
 from router.core.errors import BadRequest, ModelNotAllowed, ModelNotFound
 from router.core.types import Endpoint, RequestFeatures
+from router.promptlen import PromptCounts, prompt_counts
 
 DEFAULT_OUTPUT_TOKENS = 512  # reserved for a request that names no max_tokens
 COMPLETION_MAX_TOKENS = 16  # a completion without max_tokens: vLLM's (and OpenAI's) default
-MESSAGE_OVERHEAD_TOKENS = 4  # chat template tokens around each message
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +30,14 @@ class ParsedBody:
     model: str
     stream: bool
     max_tokens: int | None
-    prompt_tokens: int
+    prompt: PromptCounts  # what the prompt is made of (router.promptlen)
     message_count: int
     sequences: int = 1  # answers generated: n x (the prompts of a batched completion)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's tokens at the prior rates (the gateway's estimate uses the served model's)."""
+        return self.prompt.tokens()
 
 
 def parse_body(endpoint: Endpoint, body: Any) -> ParsedBody:
@@ -52,18 +58,20 @@ def parse_body(endpoint: Endpoint, body: Any) -> ParsedBody:
         n = int(n)
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise BadRequest("n must be a positive integer", param="n", code="invalid_type")
-    if endpoint == "chat":
-        prompt_tokens, count = _messages_tokens(body.get("messages"))
-        prompt_tokens += _schema_tokens(body)
-        sequences = n or 1
-    elif endpoint == "responses":
-        prompt_tokens, count = _input_tokens(body.get("input"), body.get("instructions"))
-        prompt_tokens += _schema_tokens(body)
-        sequences = 1
-    else:
-        prompt_tokens, count = _prompt_tokens(body.get("prompt"))
+    texts: list[str] = []
+    if endpoint == "completions":
+        exact, count = _prompt_texts(body.get("prompt"), texts)
+        prompt = prompt_counts(" ".join(texts), exact=exact)
         sequences = (n or 1) * count  # vLLM answers each prompt of the batch n times
-    return ParsedBody(model, bool(stream), max_tokens, prompt_tokens, count, sequences)
+    else:
+        if endpoint == "chat":
+            count, system = _message_texts(body.get("messages"), texts)
+        else:
+            count, system = _input_texts(body.get("input"), body.get("instructions"), texts)
+        tools = _schema_texts(body, texts)
+        prompt = prompt_counts(" ".join(texts), messages=count, tools=tools, system=system)
+        sequences = (n or 1) if endpoint == "chat" else 1
+    return ParsedBody(model, bool(stream), max_tokens, prompt, count, sequences)
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
@@ -82,83 +90,82 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
     return value
 
 
-def estimate_tokens(text: str) -> int:
-    """Cheap prompt-length estimate: about 4 characters per token, at least one per word."""
-    return max(len(text.split()), math.ceil(len(text) / 4))
+_SYSTEM_ROLES = ("system", "developer")
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, {"type": "image_url", ...}]
-        return " ".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
-
-
-def _messages_tokens(messages: Any) -> tuple[int, int]:
+def _message_texts(messages: Any, texts: list[str]) -> tuple[int, bool]:
+    """Append each chat message's text to ``texts``; the number of messages, and whether the first is the system's."""
     if messages is None:
         raise BadRequest("you must provide a messages parameter", param="messages", code="missing_required_parameter")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty array", param="messages", code="invalid_type")
-    tokens = 0
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest(f"messages[{i}] must be an object with a role", param=f"messages[{i}]",
                              code="invalid_type")  # fmt: skip
-        tokens += estimate_tokens(_item_text(m)) + MESSAGE_OVERHEAD_TOKENS
-    return tokens, len(messages)
+        _item_texts(m, texts)
+    return len(messages), messages[0]["role"] in _SYSTEM_ROLES
 
 
-def _schema_tokens(body: Mapping[str, Any]) -> int:
-    """What the chat template adds for ``tools`` and a ``response_format`` schema: the JSON the model reads."""
-    total = 0
+def _schema_texts(body: Mapping[str, Any], texts: list[str]) -> bool:
+    """Append what the chat template adds for ``tools`` and a ``response_format`` schema (the JSON the model
+    reads, spaced as a template's ``tojson`` writes it); whether the request offers tools."""
     for key in ("tools", "response_format"):
         value = body.get(key)
         if value:
-            total += estimate_tokens(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
-    return total
+            texts.append(json.dumps(value, ensure_ascii=False))
+    return bool(body.get("tools"))
 
 
-def _item_text(item: Mapping[str, Any]) -> str:
-    """The text of one Responses API input item (a message, a function call or its output) or chat message:
-    its content, and a call's name and arguments."""
-    text = _content_text(item.get("content"))
+def _item_texts(item: Mapping[str, Any], texts: list[str]) -> None:
+    """Append the text of one Responses API input item (a message, a function call or its output) or chat
+    message: its content, and a call's name and arguments."""
+    content = item.get("content")
+    if isinstance(content, str):
+        texts.append(content)
+    elif isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, {"type": "image_url", ...}]
+        texts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     for key in ("output", "arguments", "name"):  # function_call_output / function_call items
         value = item.get(key)
         if isinstance(value, str):
-            text = f"{text} {value}" if text else value
+            texts.append(value)
     calls = item.get("tool_calls")  # an assistant message's calls: the template renders their arguments
     if isinstance(calls, list):
-        text += " " + json.dumps(calls, separators=(",", ":"), ensure_ascii=False)
-    return text
+        texts.append(json.dumps(calls, ensure_ascii=False))
 
 
-def _input_tokens(input_: Any, instructions: Any) -> tuple[int, int]:
-    """The Responses API's prompt: ``instructions`` (a system message) and ``input`` (a string, or items)."""
-    tokens, count = 0, 0
+def _input_texts(input_: Any, instructions: Any, texts: list[str]) -> tuple[int, bool]:
+    """The Responses API's prompt: ``instructions`` (a system message) and ``input`` (a string, or items);
+    the number of messages, and whether the first is the system's."""
+    count = 0
     if isinstance(instructions, str) and instructions:
-        tokens, count = estimate_tokens(instructions) + MESSAGE_OVERHEAD_TOKENS, 1
+        texts.append(instructions)
+        count = 1
     if input_ is None:
         raise BadRequest("you must provide an input parameter", param="input", code="missing_required_parameter")
     if isinstance(input_, str):
-        return tokens + estimate_tokens(input_) + MESSAGE_OVERHEAD_TOKENS, count + 1
+        texts.append(input_)
+        return count + 1, count == 1
     if not isinstance(input_, list) or not input_:
         raise BadRequest("input must be a string or a non-empty array of items", param="input", code="invalid_type")
     for i, item in enumerate(input_):
         if not isinstance(item, dict):
             raise BadRequest(f"input[{i}] must be an object", param=f"input[{i}]", code="invalid_type")
-        tokens += estimate_tokens(_item_text(item)) + MESSAGE_OVERHEAD_TOKENS
-    return tokens, count + len(input_)
+        _item_texts(item, texts)
+    return count + len(input_), count == 1 or input_[0].get("role") in _SYSTEM_ROLES
 
 
-def _prompt_tokens(prompt: Any) -> tuple[int, int]:
+def _prompt_texts(prompt: Any, texts: list[str]) -> tuple[int, int]:
+    """A completion's prompt: its text appended to ``texts``; the tokens given as ids, and the prompts."""
     if prompt is None:
         raise BadRequest("you must provide a prompt parameter", param="prompt", code="missing_required_parameter")
     if isinstance(prompt, str):
-        return estimate_tokens(prompt), 1
+        texts.append(prompt)
+        return 0, 1
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return sum(estimate_tokens(p) for p in prompt), len(prompt)
+            texts.extend(prompt)
+            return 0, len(prompt)
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
             return len(prompt), 1
         if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
@@ -214,17 +221,19 @@ def build_features(
     parsed: ParsedBody,
     headers: Mapping[str, str],
     seq: int,
+    prompt_tokens: int | None = None,
 ) -> RequestFeatures:
     """Per-request features; SLA headers (``x-slo-ttft-ms``, ``x-slo-tpot-ms``, ``x-priority``)
     override the agent's defaults where they parse (and are ignored where they do not), within what
     the agent allows: a caller may tighten its SLA and lower its priority (a larger number), never
-    loosen the SLA or rise above its agent's priority."""
+    loosen the SLA or rise above its agent's priority. ``prompt_tokens``: the gateway's calibrated
+    estimate (:class:`router.promptlen.PromptLengths`); without it, the prior's."""
     priority = _header_int(headers, "x-priority")
     return RequestFeatures(
         agent=agent.name,
         endpoint=endpoint,
         models=models,
-        prompt_tokens=parsed.prompt_tokens,
+        prompt_tokens=parsed.prompt_tokens if prompt_tokens is None else prompt_tokens,
         max_tokens=parsed.max_tokens,
         stream=parsed.stream,
         message_count=parsed.message_count,

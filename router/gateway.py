@@ -21,6 +21,7 @@ from router.core.config import Config
 from router.core.types import Policy
 from router.metrics import Metrics
 from router.priority import PriorityFn
+from router.promptlen import PromptLengths
 from router.requestlog import RequestLog, RequestRecord
 from router.state.base import FleetState
 
@@ -44,15 +45,20 @@ class Gateway:
     admission: AdmissionController | None = None  # overload handling (when gateway.admission is configured)
     # the body's `priority` for workers that schedule by it (router.priority; when a backend does)
     engine_priority: PriorityFn | None = None
+    # the prompt-token estimate's rates, calibrated per served model on the workers' usage (this process's own)
+    prompt_lengths: PromptLengths = field(default_factory=PromptLengths)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
 
     def next_seq(self) -> int:
         return next(self._seq)
 
     def finish(self, record: RequestRecord) -> None:
-        """Account for a finished request exactly once: metrics, the request log, the audit line."""
+        """Account for a finished request exactly once: metrics, the request log, the audit line, and what the
+        worker's usage teaches the prompt estimate."""
         if record.e2e_s is None:
             record.e2e_s = time.perf_counter() - record.started
+        if record.prompt_tokens_exact:
+            self.prompt_lengths.observe(record.model, record.prompt, record.prompt_tokens)
         self.metrics.observe(record)
         self.log.write(record)
         audit(record)

@@ -358,8 +358,9 @@ def _worker_message(body: bytes) -> str:
 
 def _count_usage(rec: RequestRecord, usage: dict[str, Any]) -> None:
     """The answer's token counts from its ``usage``: chat's and completions' names, or the Responses API's."""
-    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
-    rec.prompt_tokens = _int(prompt) or rec.prompt_tokens
+    prompt = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
+    if prompt:
+        rec.prompt_tokens, rec.prompt_tokens_exact = prompt, True
     rec.completion_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))
     rec.completion_tokens_exact = rec.completion_tokens is not None
 

@@ -22,6 +22,7 @@ from typing import IO, Any
 import orjson
 
 from router.core.errors import ChimeraError
+from router.promptlen import PromptCounts
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class RequestRecord:
     reason: str | None = None
     stream: bool | None = None
     prompt_tokens: int | None = None  # the worker's usage where it reported it, else the estimate
-    prompt_tokens_est: int | None = None
+    prompt_tokens_est: int | None = None  # the gateway's estimate (router.promptlen), calibrated per model
+    prompt_tokens_exact: bool = False  # prompt_tokens from the worker's usage (True) or the estimate (False)
     completion_tokens: int | None = None
     completion_tokens_exact: bool = False  # from usage (True) or counted from SSE events (False)
     max_tokens: int | None = None
@@ -67,6 +69,7 @@ class RequestRecord:
     sketch: list[float] | None = None  # the prompt's hashed sketch (predictor.sketch; never the text itself)
     queue_wait_s: float | None = None  # time held by admission control (router.admission) before dispatch
     degraded: str | None = None  # what admission control degraded, e.g. "max_tokens=256" (X-Chimera-Degraded)
+    prompt: PromptCounts | None = None  # the prompt's make-up, for the estimate's calibration (not logged)
 
     @property
     def tpot_s(self) -> float | None:
@@ -75,7 +78,7 @@ class RequestRecord:
         return max(0.0, self.e2e_s - self.ttft_s) / (self.completion_tokens - 1)
 
     def to_json(self) -> dict[str, Any]:
-        """The logged fields (all but ``started``) and ``tpot_s``; containers copied, not shared."""
+        """The logged fields (all but ``started`` and ``prompt``) and ``tpot_s``; containers copied, not shared."""
         # Not dataclasses.asdict: its recursive deep copy cost ~40 us per request.
         out = {name: getattr(self, name) for name in _LOGGED}
         for name in ("fleet", "predicted"):
@@ -87,7 +90,7 @@ class RequestRecord:
         return out
 
 
-_LOGGED = tuple(f.name for f in fields(RequestRecord) if f.name != "started")
+_LOGGED = tuple(f.name for f in fields(RequestRecord) if f.name not in ("started", "prompt"))
 
 
 class RequestLog:

@@ -4,8 +4,9 @@
 ``add_generation_prompt``) and answers ``{"count", "max_model_len", "tokens", "token_strs"}``, the ids a
 completion or chat request with that input is charged for. ``/detokenize`` takes ``tokens`` and answers
 ``{"prompt"}``. The word-level tokenizer inverts every id of its vocabulary; the default one (a CRC-32 per
-word) inverts the sim's own answer words and the words this worker has tokenized lately, and skips any
-other id, as a tokenizer's ``decode`` skips ids it has no token for.
+word, or per piece of CJK text) inverts the sim's own answer words and the pieces this worker has tokenized
+lately, and skips any other id, as a tokenizer's ``decode`` skips ids it has no token for. The ids are those
+a request's ``usage`` counts, so ``count`` is its ``prompt_tokens``.
 """
 
 from __future__ import annotations
@@ -53,10 +54,9 @@ class Tokenization:
             ids = self.tokenizer.encode(text)
         else:
             raise invalid_field(("prompt",), "Field required", req, "missing")
-        words = text.split()
         if self.tokenizer.kind == "words":
-            for word, i in zip(words, ids, strict=False):
-                self._remember(i, word)
+            for piece, i in zip(self.tokenizer.pieces(text), ids, strict=False):
+                self._remember(i, piece)
         strs = [self._token(i) or "<unk>" for i in ids] if req.get("return_token_strs") else None
         out = {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
         return json.dumps(out).encode()

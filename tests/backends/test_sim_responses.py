@@ -190,6 +190,12 @@ def test_version_tokenize_detokenize_and_no_embeddings(sim_server: SimServer, si
     assert chat.usage is not None and as_chat["count"] == chat.usage.prompt_tokens  # tools counted, as in the chat
     back = httpx.post(f"{srv.url}/detokenize", json={"tokens": tok["tokens"]}).json()
     assert back == {"prompt": "alpha beta gamma delta"}
+    zh = [{"role": "user", "content": "请用三句话总结分布式缓存一致性的常见方案，并说明各自的优缺点。"}]  # noqa: RUF001
+    with sdk(srv) as client:
+        zh_chat = client.chat.completions.create(model="sim-test", messages=zh, max_tokens=2)
+    zh_tok = httpx.post(f"{srv.url}/tokenize", json={"messages": zh, "return_token_strs": True}).json()
+    assert zh_chat.usage is not None and zh_tok["count"] == zh_chat.usage.prompt_tokens > 15  # CJK cut as usage is
+    assert zh_tok["token_strs"][:3] == ["user", "请", "用三"]
     bad = httpx.post(f"{srv.url}/detokenize", json={"tokens": [-1]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "body.tokens.0"
     embed = httpx.post(f"{srv.url}/v1/embeddings", json={"input": "x"})

@@ -1,4 +1,4 @@
-"""Request features: body validation, the cheap token estimate, model resolution, SLA headers."""
+"""Request features: body validation, what the prompt estimate counts, model resolution, SLA headers."""
 
 from __future__ import annotations
 
@@ -11,15 +11,14 @@ from router.core.errors import BadRequest, ModelNotAllowed, ModelNotFound
 from router.core.types import RequestFeatures
 from router.features import (
     DEFAULT_OUTPUT_TOKENS,
-    MESSAGE_OVERHEAD_TOKENS,
     build_features,
-    estimate_tokens,
     parse_body,
     prefill_tokens,
     reserved_tokens,
     resolve_models,
 )
 from router.feedback import parse_feedback
+from router.promptlen import KINDS, prompt_counts
 from tests.conftest import make_config
 
 CFG = make_config(
@@ -35,11 +34,9 @@ CFG = make_config(
 PLANNER, CHEAP = CFG.agents
 
 
-def test_estimate_is_max_of_words_and_quarter_chars() -> None:
-    assert estimate_tokens("") == 0
-    assert estimate_tokens("a b c d e f") == 6  # 6 words, 11 chars → words win
-    assert estimate_tokens("x" * 400) == 100  # one long word → chars / 4 win
-    assert estimate_tokens("hello") == 2
+def kinds(p: Any) -> dict[str, float]:
+    """The prompt's non-zero counts by kind."""
+    return {k: float(v) for k, v in zip(KINDS, p.prompt.kinds, strict=True) if v}
 
 
 def test_chat_body_features() -> None:
@@ -48,16 +45,24 @@ def test_chat_body_features() -> None:
             "max_completion_tokens": 64, "stream": True, "sim": {"output_tokens": 9999}}  # fmt: skip
     p = parse_body("chat", body)
     assert (p.model, p.stream, p.max_tokens, p.message_count) == ("auto", True, 64, 2)
-    assert p.prompt_tokens == 2 + 10 + 2 * MESSAGE_OVERHEAD_TOKENS
+    # "be brief" and the part's text, one space between the two: 3 words, 2 gaps; the template's terms
+    assert kinds(p) == {"requests": 1, "messages": 2, "words": 3, "letters": 47, "gaps": 2}
+    assert p.prompt_tokens == p.prompt.tokens() == prompt_counts("be brief " + "x" * 40, messages=2).tokens()
+    no_system = parse_body("chat", {"model": "m", "messages": body["messages"][1:]})
+    assert kinds(no_system)["no_system"] == 1 and "no_system" not in kinds(p)  # a template may add its own
 
 
 @pytest.mark.parametrize(
-    ("prompt", "tokens", "count"),
-    [("one two three", 4, 1), (["ab", "cd"], 2, 2), ([1, 2, 3], 3, 1), ([[1, 2], [3]], 3, 2)],
+    ("prompt", "exact", "count"),
+    [("one two three", 0, 1), (["ab", "cd"], 0, 2), ([1, 2, 3], 3, 1), ([[1, 2], [3]], 3, 2)],
 )
-def test_completion_prompt_shapes(prompt: Any, tokens: int, count: int) -> None:
+def test_completion_prompt_shapes(prompt: Any, exact: int, count: int) -> None:
     p = parse_body("completions", {"model": "m", "prompt": prompt, "max_tokens": 5})
-    assert (p.prompt_tokens, p.message_count, p.max_tokens, p.stream) == (tokens, count, 5, False)
+    assert (p.prompt.exact, p.message_count, p.max_tokens, p.stream) == (exact, count, 5, False)
+    if exact:  # token ids are counted, not estimated
+        assert p.prompt_tokens == exact and not kinds(p)
+    else:  # a raw prompt: no template terms
+        assert kinds(p)["words"] == (3 if count == 1 else 2) and "messages" not in kinds(p)
 
 
 @pytest.mark.parametrize(
@@ -154,9 +159,11 @@ def test_responses_body_features() -> None:
                       {"type": "function_call_output", "call_id": "c1", "output": "z" * 20}]}  # fmt: skip
     p = parse_body("responses", body)
     assert (p.model, p.stream, p.max_tokens, p.message_count, p.sequences) == ("auto", True, 64, 4, 1)
-    items = 10 + estimate_tokens('{"q": "y"} get') + 5
-    assert p.prompt_tokens == 2 + items + 4 * MESSAGE_OVERHEAD_TOKENS
-    assert parse_body("responses", {"model": "m", "input": "one two"}).prompt_tokens == 2 + MESSAGE_OVERHEAD_TOKENS
+    # instructions, the message's text, the call's arguments and name, its output
+    text = " ".join(["be brief", "x" * 40, '{"q": "y"}', "get", "z" * 20])
+    assert (p.prompt.kinds == prompt_counts(text, messages=4).kinds).all()
+    plain = parse_body("responses", {"model": "m", "input": "one two"})
+    assert kinds(plain) == {"requests": 1, "messages": 1, "no_system": 1, "words": 2, "letters": 6, "gaps": 1}
 
 
 @pytest.mark.parametrize(
@@ -181,8 +188,9 @@ def test_tools_schemas_and_tool_messages_count_as_prompt() -> None:
         },
     }
     plain = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    with_tools = parse_body("chat", {**plain, "tools": [tool] * 12}).prompt_tokens
-    assert with_tools > 12 * 1000  # the 49 KB of tools a framework sends are most of the prompt
+    with_tools = parse_body("chat", {**plain, "tools": [tool] * 12})
+    assert with_tools.prompt_tokens > 12 * 1000  # the 49 KB of tools a framework sends are most of the prompt
+    assert kinds(with_tools)["tools"] == 1 and "tools" not in kinds(parse_body("chat", plain))
     fmt = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object", "properties": {}}}}
     assert parse_body("chat", {**plain, "response_format": fmt}).prompt_tokens > parse_body("chat", plain).prompt_tokens
     call = {"role": "assistant", "content": None,
@@ -193,6 +201,7 @@ def test_tools_schemas_and_tool_messages_count_as_prompt() -> None:
         "messages": [*plain["messages"], call, {"role": "tool", "tool_call_id": "c", "content": "r " * 50}],
     }
     assert parse_body("chat", history).prompt_tokens > 150
+    assert kinds(parse_body("chat", history))["words"] >= 2 + 100 + 50  # hi, the call's arguments, the result
 
 
 def test_an_integral_float_is_an_integer() -> None:
