@@ -8,6 +8,8 @@ lowercases, cuts every word into runs of up to three letters, each other charact
 ``N`` words, ``N`` prompt tokens in the sim's ``usage``, and prompts cut from different text stay different
 (the sim's prefix cache sees what a real one would). :func:`write` (``python -m backends.sim.hftokenizer DIR``)
 puts ``tokenizer.json`` and ``tokenizer_config.json`` in a folder: plain JSON, without the tokenizers library.
+For ASCII text only: a CJK character is one ``<unk>`` here, where the sim counts a run of them at a BPE
+tokenizer's rate (:mod:`backends.sim.textgen`).
 """
 
 from __future__ import annotations
