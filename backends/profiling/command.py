@@ -66,7 +66,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the sim's own HTTP cost per first token, kept out of overhead_s.ttft (default 3)")  # fmt: skip
     p.add_argument("--note", default="", help="provenance: the GPU, the server's flags, ...")
     p.add_argument("--against", metavar="PROFILE", help="also print what this profile (a name or a JSON file) "
-                   "predicts at every probed point, against the fitted one")  # fmt: skip
+                   "predicts at every probed point, against the fitted one; a file holding probes (a profile this "
+                   "command wrote, or a probe) of another boot of the server: also the fit against its "
+                   "measurements, beside the two boots' spread")  # fmt: skip
+    p.add_argument("--staged", action="store_true", help="fit without the joint stage (the fit of the shipped "
+                   "profiles: see docs/profiling.md)")  # fmt: skip
     g = p.add_argument_group("the probe (with --url)")
     g.add_argument("--speedup", type=float, default=1.0, help="a simulated worker's speedup: times are scaled back")
     g.add_argument("--probe-out", help="also write the probe's results here, after every phase")
@@ -103,8 +107,9 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(model=args.model, name=args.name or out.stem, quality=args.quality, kv_tokens=args.kv_tokens,
                         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens, graph_max=args.cudagraph_max_tokens,
-                        async_scheduling=not args.no_async_scheduling, sim_http_s=args.sim_http_ms / 1e3)  # fmt: skip
-    against = _reference(args.against)
+                        async_scheduling=not args.no_async_scheduling, sim_http_s=args.sim_http_ms / 1e3,
+                        staged=args.staged)  # fmt: skip
+    against, other_boot = _reference(args.against)
     colocate = [_read(f, "--colocate") for f in args.colocate]
     if args.fit and (given := _probe_flags(args)):
         raise ConfigError("is a flag of the probe: it does nothing with --fit", key=given[0])
@@ -120,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
     _print_fit(prof)
     if against is not None:
         _print_against(prof, against, runs, colocate, settings)
+    if other_boot:
+        own = " ".join(Path(f).name for f in sources) or "this probe"
+        _print_boots(prof, runs, other_boot, settings, own, Path(args.against).name)
     _write(out, prof)
     print(f"wrote {out} (profile {settings.name}: `profile: {out}` in a config, `chimera sim --profile {out}`)")
     return 0
@@ -153,14 +161,19 @@ def _probes_of(data: Any, path: str) -> list[dict[str, Any]]:
     raise ConfigError("neither a probe's results nor a profile holding them (raw.probes)", file=path, key="--fit")
 
 
-def _reference(name: str | None) -> Profile | None:
+def _reference(name: str | None) -> tuple[Profile | None, list[dict[str, Any]]]:
+    """``--against``: the profile it names (None for a probe's results) and the probes its file holds."""
     if name is None:
-        return None
+        return None, []
+    from backends.profiling.boots import probes_of
     from router.core.profile import load_profile
 
+    probes = probes_of(_read(name, "--against")) if name.endswith(".json") and Path(name).is_file() else []
     try:
-        return load_profile(name)
+        return load_profile(name), probes
     except ProfileError as exc:
+        if probes and "raw" not in json.loads(Path(name).read_text()):  # a probe's results, not a profile
+            return None, probes
         raise ConfigError(str(exc), key="--against") from exc
 
 
@@ -234,6 +247,16 @@ def _print_against(prof: dict[str, Any], ref: Profile, runs: list[dict[str, Any]
         print(f"  {r['key']:32s} {ref.name} {b * 1e3:10.2f} ms  fitted {a * 1e3:10.2f} ms  {err:+7.1%}")
     print("  mean/max |error|: " + "  ".join(f"{k} {sum(v) / len(v):.1%}/{max(v):.1%} ({len(v)} points)"
                                               for k, v in by.items()))  # fmt: skip
+
+
+def _print_boots(prof: dict[str, Any], runs: list[dict[str, Any]], other: list[dict[str, Any]], s: Settings,
+                 own_name: str, other_name: str) -> None:  # fmt: skip
+    from backends.profiling.boots import boot_figures, format_figures
+    from backends.profiling.fit import build_rows
+    from router.core.profile import parse_profile
+
+    own, theirs = (build_rows(r, s.max_num_batched_tokens, s.graph_max) for r in (runs, other))
+    print("\n".join(format_figures(boot_figures(parse_profile(prof), own, theirs), own_name, other_name)))
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:

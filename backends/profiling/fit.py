@@ -9,13 +9,16 @@ Every measured point is mapped onto the engine steps vLLM ran for it:
   step, prefill chunk min(L, budget - b) + b decoding sequences.
 
 A step of more tokens than vLLM's CUDA graphs hold (``--max-cudagraph-capture-size``) runs eagerly and lasts
-max(linear, cudagraph.eager_floor_s) + eager_extra_s + eager_per_token_s x tokens. Three stages, on relative error:
-1. the linear step model and the TTFT constant by NNLS on the TTFT and in-graph decode points (the kinds of point
-balanced, and within a kind each boot of the server weighing the same), the front end's per-token cost (client TTFT
-minus vLLM's request_prefill_time, over prompt length) taken off first; 2. the eager terms on the eager decode and
-mixed steps, the linear part fixed; 3. ``frontend_s.per_request`` from the warm-up's burst
-(:mod:`backends.profiling.replay`). Co-location probes add the decode points of the phases in which this model ran
-alone. Probes of earlier layouts (sections ``psweep``, ``dsweep``, ``saturation``) are read too.
+max(linear, cudagraph.eager_floor_s) + eager_extra_s + eager_per_token_s x tokens (a step that decodes nothing
+pays no eager_extra_s: ``eager_extra_decode_only``, as the simulator's engine prices it). Four stages, on relative
+error, the kinds of point balanced and within a kind each boot of the server weighing the same (:func:`weights`):
+1. the linear step model and the TTFT constant by NNLS on the TTFT and in-graph decode points, the front end's
+per-token cost (client TTFT minus vLLM's request_prefill_time, over prompt length) taken off first; 2. the eager
+terms on the eager decode and mixed steps, the linear part fixed; 3. every term at once by least squares on every
+point with the forward model itself (:func:`model_y`), from stages 1-2 (``Settings.staged``: skipped); 4.
+``frontend_s.per_request`` from the warm-up's burst (:mod:`backends.profiling.replay`). Co-location probes add the
+decode points of the phases in which this model ran alone. Probes of earlier layouts (sections ``psweep``,
+``dsweep``, ``saturation``) are read too.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Settings:
     graph_max: int = 128  # vLLM's --max-cudagraph-capture-size
     async_scheduling: bool = True
     sim_http_s: float = 0.003  # the sim's own HTTP cost per first token, kept out of overhead_s.ttft
+    staged: bool = False  # without the joint stage 3 (how the shipped profiles were fitted)
 
 
 def prefill_steps(n: int, budget: int) -> list[tuple[int, int]]:
@@ -169,20 +173,27 @@ def front_slope(rows: list[Row]) -> float:
     return max(0.0, float(np.polyfit([p[0] for p in pts], [p[1] for p in pts], 1)[0]))
 
 
+def weights(rows: list[Row], by_boot: bool = True) -> Array:
+    """Each row's weight in the fits, on top of relative error: the kinds of point balanced, so that many decode
+    points do not outvote a few mixed ones (a kind's squared weights sum to 1), and with ``by_boot`` every boot
+    of the server weighing the same within a kind, however many points it has (else every point does)."""
+    w = np.ones(len(rows))
+    kinds = [r["kind"] for r in rows]
+    for k in set(kinds):
+        idx = [i for i, kk in enumerate(kinds) if kk == k]
+        boots = [boot_of(rows[i]) for i in idx]
+        for i, b in zip(idx, boots, strict=True):
+            w[i] = 1.0 / math.sqrt(len(set(boots)) * boots.count(b)) if by_boot else 1.0 / math.sqrt(len(idx))
+    return w
+
+
 def fit(rows: list[Row], cols: tuple[str, ...], per_token: float = 0.0, by_boot: bool = True) -> Array:
-    """Stage 1: NNLS on relative error over the rows with ``fit``. ``per_token``: a fixed ttft_per_prompt_token
-    taken off the TTFT targets first; ``by_boot``: within each kind of point every boot weighs the same, however
-    many points it has (else every point does)."""
+    """Stage 1: NNLS on relative error over the rows with ``fit`` (:func:`weights`). ``per_token``: a fixed
+    ttft_per_prompt_token taken off the TTFT targets first."""
     fr = [r for r in rows if r["fit"]]
     a = np.array([[r["x"][c] for c in cols] for r in fr])
     y = np.array([r["y"] - per_token * r["x"]["ttft_per_prompt_token"] for r in fr])
-    w = 1.0 / y  # relative error
-    kinds = [r["kind"] for r in fr]
-    for k in set(kinds):  # the kinds balanced, so that many decode points do not outvote a few mixed ones
-        idx = [i for i, kk in enumerate(kinds) if kk == k]
-        boots = [boot_of(fr[i]) for i in idx]
-        for i, b in zip(idx, boots, strict=True):  # squared weights of a kind sum to 1, each boot's to 1 / boots
-            w[i] *= 1.0 / math.sqrt(len(set(boots)) * boots.count(b)) if by_boot else 1.0 / math.sqrt(len(idx))
+    w = weights(fr, by_boot) / y  # relative error
     coef, _ = nnls(a * w[:, None], y * w)
     return np.asarray(coef, dtype=np.float64)
 
@@ -205,6 +216,28 @@ def fit_eager(rows: list[Row], lin: Array, per_token: float, graph_max: int) -> 
     return full(np.asarray(sol.x, dtype=np.float64))
 
 
+#: the fitted terms' typical sizes (PARAMS order): the joint stage's steps are scaled by them
+TYPICAL = np.array([1e-3, 1e-6, 1e-6, 1e-9, 1e-5, 1e-2, 1e-2, 1e-2, 1e-7])
+
+
+def fit_joint(rows: list[Row], p0: Array, per_token: float, graph_max: int) -> Array:
+    """Stage 3: every term of PARAMS at once, from the staged solution ``p0``, on every row (:func:`weights`) with
+    the forward model itself (:func:`model_y`, the simulator's step time): a lone prompt's eager chunk runs at the
+    floor without the decode-only extra, so the prompts of a few hundred to a few thousand tokens set the floor and
+    the eager decode and mixed steps the extra. Cauchy loss: a point the model cannot meet (on the H200, a long
+    prompt injected into a decoding batch, whose decoders' gap is half what one chunk of it would take) is let go
+    rather than dragging the prefill terms."""
+    w = weights(rows)
+    w *= math.sqrt(len(rows) / float(np.sum(w * w)))  # a typical point weighs 1: f_scale is a relative error
+
+    def res(p: Array) -> Array:
+        return np.array([model_y(r, p, per_token, graph_max) / r["y"] - 1 for r in rows]) * w
+
+    sol = least_squares(res, np.maximum(p0, 0.0), bounds=(0.0, np.inf), x_scale=np.maximum(np.abs(p0), TYPICAL),
+                        loss="cauchy", f_scale=0.1)  # fmt: skip
+    return np.asarray(sol.x, dtype=np.float64)
+
+
 def _g(v: float) -> float:  # 4 significant digits
     return float(f"{v:.4g}")
 
@@ -221,6 +254,8 @@ def fit_profile(runs: list[dict[str, Any]], colocate: list[dict[str, Any]], s: S
     k = front_slope(rows)
     lin = fit([dict(r, fit=r["kind"] in ("ttft", "decode")) for r in rows], COLS, per_token=k)
     coef = fit_eager(rows, lin, k, gm)
+    if not s.staged:
+        coef = fit_joint(rows, coef, k, gm)
     c = dict(zip(PARAMS, coef, strict=True))
     meta = runs[0].get("meta", {}) if runs else {}
     cache = meta.get("cache_config") or {}
@@ -248,7 +283,8 @@ def fit_profile(runs: list[dict[str, Any]], colocate: list[dict[str, Any]], s: S
     prof["overhead_s"]["ttft"] = _g(max(0.0, const - fe))
     prof["overhead_s"]["sim_http"] = s.sim_http_s  # wall time: the sim adds back what a speedup < 1 shrinks of it
     errs = [(model_y(r, coef, k, gm) - r["y"]) / r["y"] for r in rows]
-    summary = _fit_summary(rows, errs, c, k, s.sim_http_s) | ({"warnings": warnings} if warnings else {})
+    summary = _fit_summary(rows, errs, c, k, s.sim_http_s) | {"stages": "1, 2, 4" if s.staged else "1-4"}
+    summary |= {"warnings": warnings} if warnings else {}
     prof["provenance"] = {"status": "measured", "date": str(meta.get("started", ""))[:10], "fit": summary}
     table = [[r["key"], round(r["y"] * 1e3, 3), round(model_y(r, coef, k, gm) * 1e3, 3), round(e, 4), r["fit"]]
              for r, e in zip(rows, errs, strict=True)]  # fmt: skip
