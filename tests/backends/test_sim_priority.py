@@ -99,7 +99,7 @@ def test_an_fcfs_worker_ignores_a_priority_and_a_priority_worker_honours_it(
 ) -> None:
     # vLLM 0.26 takes the field under fcfs and ignores it (checked on an H200); so does the sim
     fcfs = sim_server(model="m")
-    prio = sim_server(model="m", speedup=1.0, scheduling_policy="priority", max_num_seqs=1)
+    prio = sim_server(model="m", speedup=0.25, scheduling_policy="priority", max_num_seqs=1)
     with sdk(fcfs) as client:
         assert client.completions.create(model="m", prompt="hi", max_tokens=2, extra_body={"priority": 3}).usage
         with pytest.raises(openai.BadRequestError, match="priority"):
@@ -120,7 +120,7 @@ def test_an_fcfs_worker_ignores_a_priority_and_a_priority_worker_honours_it(
             assert time.monotonic() < deadline, f"{name} never reached {value}"
 
     with ThreadPoolExecutor(8) as pool:
-        first = pool.submit(one, "head", 9, 400)  # ~1 s of decode at this speed
+        first = pool.submit(one, "head", 9, 400)  # ~4 s of decode at this speed: time to queue the rest, under load too
         until("vllm:num_requests_running", 1)
         batch = [pool.submit(one, f"b{k}", 9) for k in range(5)]
         until("vllm:num_requests_waiting", 5)
