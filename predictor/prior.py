@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 from router.core.config import Config
@@ -134,8 +134,12 @@ def changed_profiles(trained: Mapping[str, str], profiles: Mapping[str, WorkerPr
 
 
 def worker_profiles(config: Config) -> dict[str, WorkerProfile]:
-    """Every configured backend's profile, by backend name."""
-    return {b.name: profile_for(b.profile_name, b.model, b.time_scale) for b in config.backends}
+    """Every configured backend's profile, by backend name, with the backend's own ``quality`` where it sets one."""
+    out = {}
+    for b in config.backends:
+        wp = profile_for(b.profile_name, b.model, b.time_scale)
+        out[b.name] = wp if b.quality is None else replace(wp, quality=b.quality)
+    return out
 
 
 def worker_load(view: BackendView) -> int:

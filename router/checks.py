@@ -39,8 +39,16 @@ def guessed_profiles(config: Config) -> list[str]:
                  else f"a default: none is shipped for model {b.model}")  # fmt: skip
         fix = (f"measure the worker with `chimera profile --url {b.url} --model {b.model} --out {b.name}.json`, "
                f"then set `profile: {b.name}.json`")  # fmt: skip
+        blind = (
+            ""
+            if b.quality is not None or why == "model"
+            else (
+                f"; and no `quality`: its answers count as {name}'s, so the policy cannot weigh its speed against them "
+                "(set `quality`, 0..1)"
+            )
+        )
         lines.append(str(config.error(("backends", i), f"no profile: its latency is predicted with {name}, {guess}; "
-                                      + fix)))  # fmt: skip
+                                      + fix + blind)))  # fmt: skip
     return lines
 
 

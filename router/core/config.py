@@ -91,6 +91,9 @@ class BackendConfig(_Frozen):
     profile: str | None = None
     """The worker profile the predictor's prior uses: a shipped name or a profile JSON file (default: the
     `sim:` profile, else a guess from the model name)."""
+    quality: Annotated[float, Field(ge=0, le=1)] | None = None
+    """How good its model's answers are, 0..1 (from its published benchmark scores, say; a reference: Qwen2.5-7B
+    0.78, 1.5B 0.6): what the predictive policy weighs against speed (default: the profile's)."""
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     """What the worker runs (vLLM's `--scheduling-policy`); under `priority` the gateway sends each request's priority
     in its body, and `chimera serve` / `chimera workers up` start it that way."""

@@ -227,3 +227,20 @@ def test_the_decision_says_how_near_the_runner_up_was() -> None:
     assert policy(feats(), FleetSnapshot(views)).predicted["cost_gap"] == pytest.approx(0.04)
     chimera = make_predictive(PolicyOptions(wrong_answer_s=0), ModelSlot(Fixed(table)))
     assert "cost_gap" not in chimera(feats(), FleetSnapshot(views)).predicted
+
+
+def test_a_declared_quality_is_what_the_policy_weighs() -> None:
+    """Two workers of models the router knows nothing of borrow one default profile, so they look alike; the
+    `quality` each backend declares is what the expected cost weighs against speed."""
+    backends = [{"name": n, "url": f"http://127.0.0.1:{9000 + i}", "model": n, "quality": q}
+                for i, (n, q) in enumerate((("weak", 0.3), ("strong", 0.95)))]  # fmt: skip
+    agents = [{"name": "a", "models": ["weak", "strong"]}]
+    views = tuple(BackendView(name=b["name"], model=b["name"]) for b in backends)
+    f = RequestFeatures(agent="a", endpoint="chat", models=("weak", "strong"), prompt_tokens=200, max_tokens=100,
+                        stream=True)  # fmt: skip
+    ranked = create_policy(make_config(backends, agents, policy="predictive"), None)(f, FleetSnapshot(views)).ranked
+    assert ranked[0] == "strong"
+    for b in backends:
+        b.pop("quality")
+    alike = create_policy(make_config(backends, agents, policy="predictive", policy_options={"spread_margin": 0}), None)
+    assert alike(f, FleetSnapshot(views)).ranked[0] == "weak"  # a tie without it: the first listed

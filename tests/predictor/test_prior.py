@@ -95,6 +95,11 @@ agents:
     wps = worker_profiles(cfg)
     assert wps["real"].name == "h200-qwen2.5-0.5b" and wps["real"].time_scale == 1.0
     assert wps["sim"].name == "h200-qwen2.5-14b" and wps["sim"].time_scale == 2.0
+    assert wps["real"].quality == profile_for("h200-qwen2.5-0.5b").quality  # the profile's, unless declared
+    declared = text.replace("PROFILE", "h200-qwen2.5-0.5b").replace("1000, profile", "1000, quality: 0.9, profile")
+    rated = parse_config(declared, env={})
+    assert worker_profiles(rated)["real"].quality == 0.9 and worker_profiles(rated)["sim"].quality == wps["sim"].quality
+    assert profile_for("h200-qwen2.5-0.5b").quality != 0.9  # the shared, cached profile is left as it was
 
 
 def test_a_busy_engine_adds_the_step_in_progress_and_the_api_servers_streaming() -> None:

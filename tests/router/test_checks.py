@@ -88,6 +88,7 @@ def test_check_shows_each_backends_profile_and_warns_where_a_guess_routes(tmp_pa
         "  - {name: known, url: 'http://127.0.0.1:9', model: qwen2.5-7b, kv_budget_tokens: 1000}\n"
         "  - {name: mine, url: 'http://127.0.0.1:10', model: m, kv_budget_tokens: 1000}\n"
         "  - {name: set, url: 'http://127.0.0.1:11', model: m, kv_budget_tokens: 1000, profile: h200-qwen2.5-0.5b}\n"
+        "  - {name: rated, url: 'http://127.0.0.1:12', model: m, kv_budget_tokens: 1000, quality: 0.7}\n"
         "agents:\n  - {name: a, models: [m]}\n"
     )
     proc = subprocess.run([sys.executable, "-m", "router.cli", "check", str(path)],
@@ -102,7 +103,11 @@ def test_check_shows_each_backends_profile_and_warns_where_a_guess_routes(tmp_pa
         "http://127.0.0.1:9 --model qwen2.5-7b --out known.json`, then set `profile: known.json`",
         f"warning: {path}:4: backends[mine]: no profile: its latency is predicted with h200-qwen2.5-7b, a default: "
         "none is shipped for model m; measure the worker with `chimera profile --url http://127.0.0.1:10 --model m "
-        "--out mine.json`, then set `profile: mine.json`",
+        "--out mine.json`, then set `profile: mine.json`; and no `quality`: its answers count as h200-qwen2.5-7b's, "
+        "so the policy cannot weigh its speed against them (set `quality`, 0..1)",
+        f"warning: {path}:6: backends[rated]: no profile: its latency is predicted with h200-qwen2.5-7b, a default: "
+        "none is shipped for model m; measure the worker with `chimera profile --url http://127.0.0.1:12 --model m "
+        "--out rated.json`, then set `profile: rated.json`",
     ]
     path.write_text(path.read_text().replace("policy: predictive", "policy: round_robin"))  # predictions route nothing
     assert guessed_profiles(load_config(path)) == []
