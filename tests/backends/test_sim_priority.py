@@ -112,7 +112,7 @@ def test_an_fcfs_worker_ignores_a_priority_and_a_priority_worker_honours_it(
         with sdk(prio) as client:
             client.completions.create(model="m", prompt=words(8, tag), max_tokens=out,
                                       extra_body={"priority": priority, "ignore_eos": True})  # fmt: skip
-        finished.append(tag)
+            finished.append(tag)  # as the answer arrives (closing the client can wait behind other threads)
 
     def until(name: str, value: float) -> None:
         deadline = time.monotonic() + 10
@@ -124,7 +124,7 @@ def test_an_fcfs_worker_ignores_a_priority_and_a_priority_worker_honours_it(
         until("vllm:num_requests_running", 1)
         batch = [pool.submit(one, f"b{k}", 9) for k in range(5)]
         until("vllm:num_requests_waiting", 5)
-        urgent = pool.submit(one, "urgent", 0)
+        urgent = pool.submit(one, "urgent", 0, 60)  # long enough that the head's thread has noted its answer
         until("vllm:num_requests_waiting", 6)
         for f in (first, *batch, urgent):
             f.result()
