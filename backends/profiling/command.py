@@ -109,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
                         max_num_batched_tokens=args.max_num_batched_tokens, graph_max=args.cudagraph_max_tokens,
                         async_scheduling=not args.no_async_scheduling, sim_http_s=args.sim_http_ms / 1e3,
                         staged=args.staged)  # fmt: skip
+    for flag, target in (("--out", out), ("--probe-out", args.probe_out)):
+        if target is not None and Path(target).exists() and not Path(target).is_file():
+            # it is replaced by a rename: a device or a folder there (/dev/null, run as root) would be lost
+            raise ConfigError(f"{target} is not a regular file: give a file's path", key=flag)
     against, other_boot = _reference(args.against)
     colocate = [_read(f, "--colocate") for f in args.colocate]
     if args.fit and (given := _probe_flags(args)):

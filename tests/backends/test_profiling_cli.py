@@ -4,6 +4,8 @@ worker that cannot be reached or answers errors; never a traceback."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -112,3 +114,16 @@ def test_a_worker_failing_every_request_is_one_line_exit_1(
     assert code == 1 and progress.startswith(f"chimera profile: probing m at {srv.url} (version 0.26.0+sim")
     assert error.startswith(f"chimera: error: the worker at {srv.url} failed every request of a batch of 1: HTTP 400: ")
     assert "maximum context length is 16 tokens" in error
+
+
+def test_an_out_that_is_not_a_regular_file_is_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The profile is written to a temporary file renamed over --out: a device there (/dev/null, run as root) would
+    be replaced, so it is refused first. (A named pipe stands for the device here.)"""
+    probe = ROOT / "docs" / "results" / "real-h200" / "probes" / "profile-qwen2.5-1.5b-boot1.json"
+    pipe = tmp_path / "out.json"
+    os.mkfifo(pipe)
+    code, line = _profile(capsys, "--fit", str(probe), "--model", "qwen2.5-1.5b", "--out", str(pipe))
+    assert code == 2 and line == f"chimera: error: --out: {pipe} is not a regular file: give a file's path", line
+    assert stat.S_ISFIFO(pipe.stat().st_mode) and sorted(tmp_path.iterdir()) == [pipe]
