@@ -78,9 +78,6 @@ def summarize(log: RunLog, config: Config, *, warmup_s: float, duration_s: float
             "e2e_ms_p90": quantiles(r.e2e_s * 1000 for r in mine_ok if r.e2e_s is not None)["p90"],
             "model_share": _shares(r.model for r in mine_ok),
         }
-    models: dict[str, int] = {}
-    for r in ok:
-        models[r.model] = models.get(r.model, 0) + 1
     return {
         "requests": len(reqs),
         "errors": len(reqs) - len(ok),
@@ -97,7 +94,7 @@ def summarize(log: RunLog, config: Config, *, warmup_s: float, duration_s: float
         "workflows": len(measured_wf),
         "workflow_errors": sum(w.error for w in measured_wf),
         "by_agent": by_agent,
-        "model_share": {m: round(n / len(ok), 3) for m, n in sorted(models.items())} if ok else {},
+        "model_share": _shares(r.model for r in ok),
         "peak_kv_usage": _peak_kv(log),
     }
 
