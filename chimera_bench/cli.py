@@ -75,6 +75,12 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     )
     b.add_argument("--no-pin", action="store_true", help="overhead: do not pin processes to cores")
     b.add_argument(
+        "--unseen", action="store_true",
+        help="start the config's sims, but give the gateway none of their profiles, speedups or qualities (each "
+        "backend as a url: worker it has no profile of, each agent's SLA in wall-clock time), and post every "
+        "verdict as feedback: routing on workers the router has never seen",
+    )  # fmt: skip
+    b.add_argument(
         "--costs", type=_csv(float, "numbers"), metavar="W1,W2,...",
         help="sweep the predictive policy's gateway.policy_options.wrong_answer_s (modelled seconds; 0: the slack "
         "rule): predictive runs once per cost, as row predictive_w<cost>, the other --policies once; also writes "
@@ -181,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         config_path=args.config, workload=args.workload, policies=tuple(policies), rates=tuple(args.rate),
         users=args.users, duration_s=args.duration, warmup_s=args.warmup, seeds=seeds, out=args.out,
         speedup=args.speedup, drain_s=args.drain, plots=not args.no_plots, replicas=args.replicas,
-        clients=args.clients,
+        clients=args.clients, unseen=args.unseen,
     )  # fmt: skip
     try:
         if args.costs:

@@ -2,11 +2,11 @@
 
 Each role's requests go out as the config's agent of that name: with its first API key as the
 Bearer token, else with the ``X-Agent`` header (and ``x-workflow-id`` / ``x-workflow-stage`` always). TTFT is measured
-here, at the first content token the client receives; e2e when the stream ends. When the config has
-a ``gateway.predictor`` (the gateway learns online), every answer's verdict (it ends with
-``[correct]``) is posted back as ``POST /v1/feedback {"request_id", "correct"}`` (the request id from
-the answer's ``X-Request-Id``), so the quality model learns which model answers which role well; without
-one nothing extra is sent (the comparison's load stays the workload's).
+here, at the first content token the client receives; e2e when the stream ends. Where the gateway keeps a
+predictor (a ``gateway.predictor`` section, or the predictive policy: :func:`posts_feedback`), every answer's
+verdict (it ends with ``[correct]``) is posted back as ``POST /v1/feedback {"request_id", "correct"}`` (the
+request id from the answer's ``X-Request-Id``), so the gateway learns which model answers which role well;
+otherwise nothing extra is sent (the comparison's load stays the workload's).
 
 Two ways to offer load: :func:`open_loop` (Poisson arrivals of workflows at a rate) and
 :func:`closed_loop` (N users, each starting a new workflow as soon as its last one ends). One
@@ -77,6 +77,14 @@ class RunLog:
     fleet_samples: list[dict[str, Any]] = field(default_factory=list)
 
 
+def posts_feedback(config: Config, policy: str) -> bool:
+    """Whether the bench posts each verdict to ``/v1/feedback``: where the gateway keeps a predictor (a
+    ``gateway.predictor`` section, or a policy that routes on one), which learns answer quality from it."""
+    from router.policies import USES_PREDICTOR
+
+    return config.gateway.predictor is not None or policy in USES_PREDICTOR
+
+
 class AgentClients:
     """One ``AsyncOpenAI`` per agent over ``pools`` connection pools; a workflow keeps to one pool.
 
@@ -86,7 +94,9 @@ class AgentClients:
     make the load look like many users, each with their own connections, as a real fleet's does.
     """
 
-    def __init__(self, base_url: str, config: Config, timeout_s: float = 600.0, pools: int = 1) -> None:
+    def __init__(
+        self, base_url: str, config: Config, timeout_s: float = 600.0, pools: int = 1, feedback: bool | None = None
+    ) -> None:
         try:
             import openai
         except ImportError as exc:  # a core install has no openai; the dev extra does
@@ -107,7 +117,7 @@ class AgentClients:
                 options = {"default_headers": {"X-Agent": agent.name}}
             for root, clients in zip(self._roots, self._clients, strict=True):
                 clients[agent.name] = root.with_options(**options)
-        self.feedback = config.gateway.predictor is not None
+        self.feedback = posts_feedback(config, config.gateway.policy) if feedback is None else feedback
         self._http = httpx.AsyncClient(base_url=base_url, timeout=10.0) if self.feedback else None
 
     def has(self, agent: str) -> bool:
@@ -248,6 +258,7 @@ class ShardJob:
     drain_s: float
     shard: tuple[int, int]
     pools: int = 1  # connection pools (AgentClients)
+    feedback: bool = False  # post every verdict to /v1/feedback (posts_feedback)
 
 
 def warm_up() -> int:
@@ -266,7 +277,7 @@ def run_shard(job: ShardJob, t0: float) -> RunLog:
 
 async def _run_shard(job: ShardJob, t0: float) -> RunLog:
     log = RunLog()
-    clients = AgentClients(job.url, job.config, pools=job.pools)
+    clients = AgentClients(job.url, job.config, pools=job.pools, feedback=job.feedback)
     try:
         args = (job.horizon_s, job.drain_s, log, lambda _: None, t0)
         if job.kind == "users":

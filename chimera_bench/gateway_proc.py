@@ -1,7 +1,7 @@
 """The gateway as the bench runs it: its own process, a policy overridden, optionally profiled.
 
     python -m chimera_bench.gateway_proc --config FILE --port P [--policy NAME] [--request-log F]
-                                        [--profile OUT] [--speedup X]
+                                        [--profile OUT] [--speedup X] [--unseen]
 
 ``create_app`` over the config with ``gateway.policy`` (and the request log) replaced; the
 config's ``sim:`` workers are *not* started here (the bench starts them). With ``--profile OUT``
@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from router.core.config import Config, load_config
+from router.core.config import SLA, Config, load_config
 from router.core.errors import ChimeraError
 from router.wire import SERVER_OPTIONS
 
@@ -56,12 +56,36 @@ def with_overrides(
     return cfg.model_copy(update={"gateway": cfg.gateway.model_copy(update=gw_update), "backends": backends})
 
 
+def unseen(cfg: Config) -> Config:
+    """``cfg`` as a gateway in front of workers it has never seen would be configured: every backend a plain
+    ``url:`` worker (no ``sim:``, ``profile:`` or ``quality:``, so nothing of the sims' profiles or speedups reaches
+    the router), and every figure in modelled time in wall-clock time (divided by the fleet's sim speedup: each
+    agent's SLA, the predictive policy's ``wrong_answer_s`` and ``wrong_answer_stage_s``), as a user who measured
+    those workers would write them."""
+    speeds = {b.sim.speedup for b in cfg.backends if b.sim is not None}
+    k = 1.0 / speeds.pop() if len(speeds) == 1 else 1.0
+    backends = tuple(b.model_copy(update={"sim": None, "profile": None, "quality": None}) for b in cfg.backends)
+
+    def wall(sla: SLA) -> SLA:
+        return sla.model_copy(update={key: v * k for key, v in sla.model_dump().items() if v is not None})
+
+    agents = tuple(a.model_copy(update={"sla": wall(a.sla)}) for a in cfg.agents)
+    po = cfg.gateway.policy_options
+    options = po.model_copy(
+        update={"wrong_answer_s": po.wrong_answer_s * k, "wrong_answer_stage_s": po.wrong_answer_stage_s * k}
+    )
+    gateway = cfg.gateway.model_copy(update={"policy_options": options})
+    return cfg.model_copy(update={"backends": backends, "agents": agents, "gateway": gateway})
+
+
 def command(
     config_path: str, port: int, *, policy: str | None, request_log: str | None = None,
     profile: str | None = None, speedup: float | None = None, urls: dict[str, str] | None = None,
-    state: str | None = None, reuse_port: bool = False,
+    state: str | None = None, reuse_port: bool = False, unseen: bool = False,
 ) -> list[str]:  # fmt: skip
     cmd = [sys.executable, "-m", "chimera_bench.gateway_proc", "--config", config_path, "--port", str(port)]
+    if unseen:
+        cmd.append("--unseen")
     if policy:
         cmd += ["--policy", policy]
     if request_log is not None:
@@ -149,12 +173,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--backend-url", action="append", default=[], metavar="NAME=URL", help="move a backend")
     p.add_argument("--state", help="replace gateway.state (e.g. a redis:// URL with its own prefix)")
     p.add_argument("--reuse-port", action="store_true", help="share the port with other replicas (SO_REUSEPORT)")
+    p.add_argument("--unseen", action="store_true", help="no sim profiles, speedups or qualities (see unseen)")
     args = p.parse_args(argv)
     urls = dict(item.split("=", 1) for item in args.backend_url)
     cfg = with_overrides(
         load_config(args.config), policy=args.policy, request_log=args.request_log, speedup=args.speedup, urls=urls,
         state=args.state,
     )  # fmt: skip
+    if args.unseen:
+        cfg = unseen(cfg)
     from router.app import create_app
 
     app = create_app(cfg)  # served as `chimera serve` serves it (router.wire.SERVER_OPTIONS)

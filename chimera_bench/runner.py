@@ -49,6 +49,7 @@ class BenchSpec:
     plots: bool = True
     replicas: int = 1  # gateway processes sharing one port and the config's Redis state
     clients: int = 1  # load-client processes (the workflows split among them)
+    unseen: bool = False  # the gateway gets no sim profile, speedup or quality (gateway_proc.unseen)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -151,7 +152,7 @@ def run_one(
             suffix = f"-r{r}" if spec.replicas > 1 else ""
             cmd = gateway_proc.command(spec.config_path, port, policy=policy, speedup=spec.speedup, urls=urls,
                                        request_log=str(out / "logs" / f"requests-{tag}{suffix}.jsonl"),
-                                       state=state, reuse_port=spec.replicas > 1)  # fmt: skip
+                                       state=state, reuse_port=spec.replicas > 1, unseen=spec.unseen)  # fmt: skip
             gw_logs.append(out / "logs" / f"gateway-{tag}{suffix}.log")
             gws.append(gateway_proc.start(cmd, gw_logs[-1]))
         try:
@@ -177,6 +178,7 @@ def run_one(
                     horizon,
                     drain,
                     log,
+                    policy,
                     lambda n, t: progress.update(task, completed=min(horizon, t), description=f"{label} · {n} req"),
                 )
             )
@@ -195,7 +197,8 @@ def run_one(
         "file": spec.config_path, "workload": spec.workload, "policy": policy, kind: load, "seed": seed,
         "duration_s": spec.duration_s, "warmup_s": spec.warmup_s, "drain_s": drain, "speedup": speedup,
         "sla_scale": round(1.0 / speedup, 4), "clock": "wall-clock latencies and rates (see speedup)",
-        "gateway_replicas": spec.replicas, "client_processes": spec.clients, "client_pools": _pools(spec),
+        "unseen": spec.unseen, "gateway_replicas": spec.replicas, "client_processes": spec.clients,
+        "client_pools": _pools(spec),
         "backends": [{"name": b.name, "model": b.model, "kv_budget_tokens": b.kv_budget_tokens,
                       "tags": list(b.tags), **({"sim": b.sim.model_dump(),
                                                 "profile_sha256": _profile_digest(b.sim.profile)} if b.sim else {})}
@@ -207,10 +210,11 @@ def run_one(
 
 async def _drive(
     spec: BenchSpec, cfg: Config, url: str, kind: str, load: float, seed: int, horizon: float, drain: float,
-    log: bc.RunLog, show: Any,
+    log: bc.RunLog, policy: str, show: Any,
 ) -> dict[str, dict[str, float]]:  # fmt: skip
     pools = _pools(spec)
-    clients = bc.AgentClients(url, cfg, pools=pools)
+    feedback = bc.posts_feedback(cfg, policy)
+    clients = bc.AgentClients(url, cfg, pools=pools, feedback=feedback)
     make_workflow(spec.workload, seed, 0)  # fail fast on a bad workload before any load
     workers = {b.name: b.url for b in cfg.backends}
     before = await bc.scrape_workers(workers)  # real workers count from their start, not this run's
@@ -234,8 +238,8 @@ async def _drive(
 
         pollers = [asyncio.create_task(bc.poll_fleet(url, log, t0)), asyncio.create_task(tick())]
         if pool is not None:
-            jobs = [bc.ShardJob(url, cfg, spec.workload, kind, load, seed, horizon, drain, (k, spec.clients), pools)
-                    for k in range(spec.clients)]  # fmt: skip
+            jobs = [bc.ShardJob(url, cfg, spec.workload, kind, load, seed, horizon, drain, (k, spec.clients), pools,
+                                feedback) for k in range(spec.clients)]  # fmt: skip
             parts = await asyncio.gather(*(loop.run_in_executor(pool, bc.run_shard, j, t0) for j in jobs))
             for part in parts:
                 log.requests.extend(part.requests)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from predictor.model import Sample
-from predictor.prior import profile_for
+from predictor.prior import WorkerProfile, profile_for
 from predictor.sketch import SKETCH_DIM
 from router.core.types import BackendView, Endpoint, RequestFeatures
 
@@ -83,7 +83,12 @@ def remaining_tokens(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     return out
 
 
-def to_sample(rec: Mapping[str, Any], remaining: int | None = None, score: float | None = None) -> Sample:
+def to_sample(
+    rec: Mapping[str, Any], remaining: int | None = None, score: float | None = None,
+    profiles: Mapping[str, WorkerProfile] | None = None,
+) -> Sample:  # fmt: skip
+    """One record as a sample; its worker's profile by the name it was logged with, or ``profiles[backend]`` where
+    given (a gateway's own profiles, learned ones included: :mod:`predictor.online`)."""
     fl = rec["fleet"]
     sk = rec.get("sketch") or ()  # the 64 dense sketch values, then the task's term ids (router.learning)
     backend, model = rec["backend"], rec["model"]
@@ -110,13 +115,17 @@ def to_sample(rec: Mapping[str, Any], remaining: int | None = None, score: float
         running=fl.get("running"), waiting=fl.get("waiting"), kv_usage=fl.get("kv_usage"),
         metrics_age_s=fl.get("metrics_age_s"), ttft_ewma_s=fl.get("ttft_ewma_s"), tpot_ewma_s=fl.get("tpot_ewma_s"),
     )  # fmt: skip
-    profile = profile_for(fl.get("profile"), model, float(fl.get("time_scale") or 1.0))
+    profile = (profiles or {}).get(backend) or profile_for(fl.get("profile"), model, float(fl.get("time_scale") or 1.0))
     return Sample(features, view, profile, rec.get("ttft_s"), rec.get("tpot_s"), rec.get("e2e_s"),
                   rec.get("completion_tokens"), remaining, score)  # fmt: skip
 
 
-def samples(records: list[dict[str, Any]], feedback: Mapping[str, float] | None = None) -> list[Sample]:
-    """Training samples of the usable records, in log order."""
+def samples(
+    records: list[dict[str, Any]],
+    feedback: Mapping[str, float] | None = None,
+    profiles: Mapping[str, WorkerProfile] | None = None,
+) -> list[Sample]:
+    """Training samples of the usable records, in log order (``profiles``: as :func:`to_sample`)."""
     feedback = feedback or {}
     rem = remaining_tokens(records)
     out = []
@@ -124,7 +133,7 @@ def samples(records: list[dict[str, Any]], feedback: Mapping[str, float] | None 
         if not usable(r) or not _well_typed(r):  # a line with a field of the wrong type: skipped
             continue
         try:
-            out.append(to_sample(r, rem.get(r["request_id"]), feedback.get(r["request_id"])))
+            out.append(to_sample(r, rem.get(r["request_id"]), feedback.get(r["request_id"]), profiles))
         except (TypeError, ValueError, AttributeError, KeyError):
             continue
     return out

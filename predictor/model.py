@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, Self
 
@@ -101,10 +101,13 @@ class Estimator(Protocol):
 
 
 class ModelSlot:
-    """The current estimator; replaced whole by a refit (one attribute store, atomic for readers)."""
+    """The current estimator; replaced whole by a refit (one attribute store, atomic for readers). ``profiles``:
+    the workers' profiles by backend name that the estimator predicts with, where the gateway keeps them up to
+    date (a worker with no profile learns its own: :mod:`predictor.online`); None: the policy resolves them."""
 
-    def __init__(self, current: Estimator) -> None:
+    def __init__(self, current: Estimator, profiles: dict[str, WorkerProfile] | None = None) -> None:
         self.current = current
+        self.profiles = profiles
         self.version = 0
 
     def swap(self, estimator: Estimator) -> None:
@@ -153,7 +156,12 @@ _TPOT_FACTORS = np.asarray([1.0, TPOT_P90_FACTOR])
 
 
 class PriorPredictor:
-    """Routing before any training: the analytic prior, the profile's quality."""
+    """Routing before any training: the analytic prior, the profile's quality — or, for an ``(agent, backend)`` in
+    ``quality``, the quality the gateway has learned of that agent's answers there so far (a live mapping:
+    :mod:`predictor.online`)."""
+
+    def __init__(self, quality: Mapping[tuple[str, str], float] | None = None) -> None:
+        self.quality = quality
 
     def predict(
         self,
@@ -165,7 +173,12 @@ class PriorPredictor:
         cached = cached_shares(features, views) if cached is None else cached
         out50, out90 = prior_output(features.max_tokens)
         output = np.tile([out50, out90], (len(views), 1))
-        quality = np.asarray([p.quality for p in profiles])
+        learned, agent = self.quality, features.agent
+        if learned:
+            pairs = zip(views, profiles, strict=True)
+            quality = np.asarray([learned.get((agent, v.name), p.quality) for v, p in pairs])
+        else:
+            quality = np.asarray([p.quality for p in profiles])
         return _assemble(_priors(features, views, profiles, cached), output, output[:, 0].copy(), quality, None)
 
 

@@ -35,20 +35,21 @@ def guessed_profiles(config: Config) -> list[str]:
         name, why = profile_choice(b.profile_name, b.model)
         if why == "configured":
             continue
-        guess = ("the profile shipped for its model name, measured on an H200" if why == "model"
-                 else f"a default: none is shipped for model {b.model}")  # fmt: skip
         fix = (f"measure the worker with `chimera profile --url {b.url} --model {b.model} --out {b.name}.json`, "
                f"then set `profile: {b.name}.json`")  # fmt: skip
-        blind = (
+        if why == "model":
+            guess = f"no profile: its latency is predicted with {name}, the profile shipped for its model name"
+            lines.append(str(config.error(("backends", i), f"{guess}, measured on an H200; {fix}")))
+            continue
+        quality = (
             ""
-            if b.quality is not None or why == "model"
-            else (
-                f"; and no `quality`: its answers count as {name}'s, so the policy cannot weigh its speed against them "
-                "(set `quality`, 0..1)"
-            )
+            if b.quality is not None
+            else "; and no `quality`: how good its answers are is learned from the verdicts posted to /v1/feedback "
+            "(without them the policy cannot weigh its speed against its answers: set `quality`, 0..1)"
         )
-        lines.append(str(config.error(("backends", i), f"no profile: its latency is predicted with {name}, {guess}; "
-                                      + fix + blind)))  # fmt: skip
+        lines.append(str(config.error(("backends", i), f"no profile: none is shipped for model {b.model}, so its step "
+                                      f"times are learned from its own answers (until then: {name}'s); {fix} to "
+                                      f"predict it from the first request" + quality)))  # fmt: skip
     return lines
 
 

@@ -146,7 +146,8 @@ def describe(cfg: Config, file: str) -> str:
 
     for b in cfg.backends:
         profile, why = profile_choice(b.profile_name, b.model)
-        extra = [f"profile={profile}" if why == "configured" else f"profile=guess({profile})"]
+        extra = [f"profile={profile}" if why == "configured" else f"profile=guess({profile})" if why == "model"
+                 else f"profile=learned(from {profile})"]  # fmt: skip
         if b.sim is not None:
             sim = b.sim
             knobs = [f"seed={sim.seed}"] + [f"{k}={v}" for k in ("kv_tokens", "max_num_seqs", "max_num_batched_tokens")

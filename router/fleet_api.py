@@ -51,7 +51,7 @@ async def fleet(request: Request) -> JSONResponse:
     body: dict[str, Any] = {
         "state": "degraded" if state.degraded else state.kind,
         "policy": gw.policy_name,
-        "backends": [_backend_json(b, predicted.get(b.name, {})) for b in views],
+        "backends": [_backend_json(b, predicted.get(b.name, {})) | _learned(gw, b.name) for b in views],
         "predicted_for": {**fleetview.reference(), "by": source},
     }
     if replicas := state.replicas():  # a shared state: every replica's share of inflight_*
@@ -69,6 +69,12 @@ def _predictions(gw: Gateway, views: tuple[BackendView, ...]) -> tuple[dict[str,
     if gw.predictor is not None:
         return gw.predictor.fleet_predictions(views)
     return fleetview.prior_predictions(views, worker_profiles(gw.config)), "prior"
+
+
+def _learned(gw: Gateway, name: str) -> dict[str, Any]:
+    """What the gateway's predictor routes a worker with: its profile's name and, for a worker with no profile,
+    how many of its answers and verdicts taught it (:mod:`predictor.online`)."""
+    return gw.predictor.learned_of(name) if gw.predictor is not None else {}
 
 
 def _backend_json(b: BackendView, predicted: dict[str, float]) -> dict[str, Any]:

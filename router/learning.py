@@ -11,6 +11,13 @@
 * ``observe``: adds the finished request to the bounded, load-bucketed training window;
 * ``feedback``: keeps a quality score for a recent request id.
 
+A worker with no profile (none configured, none shipped for its model: ``profile_choice``'s "default") borrows
+no one's: its step-time terms are learned from its own answers (:class:`predictor.online.StepLearner`, refitted
+every few answers on the answers' path) and its answer quality from the verdicts posted for its model
+(:class:`predictor.online.QualityTally`, from the backend's declared ``quality`` where it has one, else from an
+optimistic prior that makes the policy try it). Both land in ``profiles``, which the policy reads at every
+decision (``slot.profiles``) and the refits train on.
+
 In the background, every ``refit_interval_s`` it refits a :class:`Predictor` on the window in a
 worker thread (never on the event loop; the decision path never fits), swaps it into the policy's
 :class:`ModelSlot`, and optionally saves it.
@@ -31,8 +38,9 @@ from threadpoolctl import threadpool_limits
 from predictor import artifact, fleetview
 from predictor.dataset import samples
 from predictor.model import ModelSlot, Predictor, PriorPredictor
+from predictor.online import Unprofiled
 from predictor.prefix import PrefixIndex
-from predictor.prior import WorkerProfile, changed_profiles, worker_profiles
+from predictor.prior import WorkerProfile, changed_profiles, profile_choice, worker_profiles
 from predictor.sketch import prefix_hashes, prompt_text, task_text, text_features
 from predictor.window import TrainingWindow
 from router.core.config import Config, PredictorConfig
@@ -43,18 +51,24 @@ from router.state.base import PrefixGossip
 log = logging.getLogger("chimera.predictor")
 
 MIN_NEW_FOR_REFIT = 100  # completions added since the last refit before another is worth its CPU
+DECLARED_QUALITY_STRENGTH = 20.0  # pseudo-verdicts behind a declared quality (an undeclared one: QualityTally's)
 
 
 class PredictorRuntime:
     def __init__(self, config: Config) -> None:
         self.settings = config.gateway.predictor or PredictorConfig()
         self.profiles: dict[str, WorkerProfile] = worker_profiles(config)
-        self.slot = ModelSlot(PriorPredictor())
+        unknown = [(b.name, b.model, b.quality) for b in config.backends
+                   if profile_choice(b.profile_name, b.model)[1] == "default"]  # fmt: skip
+        self.unprofiled = Unprofiled(self.profiles, unknown, DECLARED_QUALITY_STRENGTH)
+        self.slot = ModelSlot(PriorPredictor(self.unprofiled.agent_quality), self.profiles)
         self.prefix = PrefixIndex()
         self._share: Callable[[Sequence[int], str], None] | None = None
         self.window = TrainingWindow(self.settings.window)
         self._scores: OrderedDict[str, float] = OrderedDict()
-        self._seen: OrderedDict[str, None] = OrderedDict()  # ids of requests in (or recently in) the window
+        # ids of requests in (or recently in) the window -> (agent, backend); those whose verdict was counted
+        self._seen: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._tallied: OrderedDict[str, None] = OrderedDict()
         self._fitted_at = 0
         self._task: asyncio.Task[None] | None = None
         self.refits = 0
@@ -72,6 +86,15 @@ class PredictorRuntime:
         or "prior"."""
         source = "prior" if isinstance(self.slot.current, PriorPredictor) else "learned"
         return fleetview.slot_predictions(self.slot, views, self.profiles), source
+
+    def learned_of(self, backend: str) -> dict[str, Any]:
+        """``/fleet``'s word on ``backend``'s profile: its name, and for a worker with no profile (named
+        ``learned:<backend>``) the answers its step times were fitted on and the verdicts on its model."""
+        wp = self.profiles.get(backend)
+        out: dict[str, Any] = {"profile": wp.name if wp else None}
+        if backend in self.unprofiled:
+            out.update(self.unprofiled.progress(backend))
+        return out
 
     async def start(self) -> None:
         if self.settings.model:
@@ -116,15 +139,34 @@ class PredictorRuntime:
         }
 
     def observe(self, record: RequestRecord) -> None:
-        if record.outcome != "ok" or record.fleet is None or record.e2e_s is None:
+        if record.outcome != "ok" or record.fleet is None or record.e2e_s is None or record.backend is None:
             return
         self.window.add(record.to_json())
-        self._remember(self._seen, record.request_id, None)
+        who = (record.agent or "", record.backend)
+        self._remember(self._seen, record.request_id, who)
+        if record.backend in self.unprofiled:
+            fleet, waited = record.fleet, record.queue_wait_s or 0.0  # the worker's timings: from when it was sent
+            ttft = record.ttft_s - waited if record.ttft_s is not None else None
+            self.unprofiled.answer(record.backend, fleet, record.prompt_tokens or 0,
+                                   float(fleet.get("prefix_share") or 0.0), record.completion_tokens, ttft,
+                                   record.e2e_s - waited)  # fmt: skip
+            score = self._scores.get(record.request_id)
+            if score is not None:  # its verdict came before its answer was done
+                self._verdict(record.request_id, who, score)
 
     def feedback(self, request_id: str, score: float) -> bool:
         """Keep ``score`` for the next refit; True if the request is one this gateway still holds."""
         self._remember(self._scores, request_id, score)
-        return request_id in self._seen
+        who = self._seen.get(request_id)
+        if who is not None:
+            self._verdict(request_id, who, score)
+        return who is not None
+
+    def _verdict(self, request_id: str, who: tuple[str, str], score: float) -> None:
+        """A verdict on a worker with no profile counts towards its model's quality once."""
+        if who[1] in self.unprofiled and request_id not in self._tallied:
+            self._remember(self._tallied, request_id, None)
+            self.unprofiled.verdict(who[0], who[1], score)
 
     def _remember(self, d: OrderedDict[str, Any], key: str, value: Any) -> None:
         d[key] = value
@@ -149,7 +191,7 @@ class PredictorRuntime:
         if not (enough or (force and len(self.window) > 0)):
             return False
         records, scores = self.window.records(), dict(self._scores)
-        estimator = await asyncio.to_thread(fit_records, records, scores)
+        estimator = await asyncio.to_thread(fit_records, records, scores, dict(self.profiles))
         if self.settings.save:  # before the swap: once live, the loop fills the estimator's caches
             await asyncio.to_thread(artifact.save, estimator, self.settings.save, {"samples": len(records)})
         self.slot.swap(estimator)
@@ -159,9 +201,14 @@ class PredictorRuntime:
         return True
 
 
-def fit_records(records: list[dict[str, Any]], scores: dict[str, float] | None = None) -> Predictor:
-    """Fit a Predictor on request-log records; one OpenMP thread, so a refit never starves the gateway."""
-    data = samples(records, scores)
+def fit_records(
+    records: list[dict[str, Any]],
+    scores: dict[str, float] | None = None,
+    profiles: dict[str, WorkerProfile] | None = None,
+) -> Predictor:
+    """Fit a Predictor on request-log records (``profiles``: the gateway's own, by backend, where they differ from
+    the logged names'); one OpenMP thread, so a refit never starves the gateway."""
+    data = samples(records, scores, profiles)
     if not data:
         raise ValueError("no usable completions to fit on")
     with threadpool_limits(limits=1, user_api="openmp"):

@@ -240,10 +240,13 @@ class ProxyResponse:
         """The streamed answer's timings beside the policy's predictions, where it predicted them for
         ``backend``. TTFT is the worker's own (not the gateway's time before sending, nor an admission
         queue's), and only where the first token came before the end (an answer read in one piece has
-        no TTFT of its own)."""
+        no TTFT of its own). None for a worker that learns its own step times (its answers refit them, so a ratio
+        against the terms it had at dispatch would correct what is already corrected: router.learning)."""
         call, rec = self.call, self.call.record
         timing = call.predicted_timing
         if timing is None or timing[0] != backend:
+            return None
+        if self.gw.predictor is not None and backend in self.gw.predictor.unprofiled:
             return None
         first = rec.ttft_s if rec.ttft_s is not None and rec.e2e_s is not None and rec.ttft_s < rec.e2e_s else None
         ttft = None if first is None else first - (call.sent_at - rec.started)

@@ -31,7 +31,8 @@ def _predictive(config: Config, slot: ModelSlot | None) -> Policy:
     from predictor.prior import worker_profiles
     from router.policies.predictive import make_predictive
 
-    return make_predictive(config.gateway.policy_options, slot, worker_profiles(config))
+    live = slot.profiles if slot is not None else None  # kept up to date by the gateway's learner
+    return make_predictive(config.gateway.policy_options, slot, live if live is not None else worker_profiles(config))
 
 
 _REGISTRY: dict[str, PolicyFactory] = {

@@ -164,9 +164,10 @@ def make_predictive(
     profiles: Mapping[str, WorkerProfile] | None = None,
 ) -> Policy:
     """The policy over ``slot`` (default: a prior-only predictor) and the workers' ``profiles`` by
-    backend name (default: guessed from each worker's model name)."""
+    backend name (default: guessed from each worker's model name). ``profiles`` is read, not copied, at every
+    decision: the gateway's learner replaces the entries of workers that learn their own."""
     slot = slot or ModelSlot(PriorPredictor())
-    profiles = dict(profiles or {})
+    profiles = profiles if profiles is not None else {}
     slack, wrong_ms, feedback = options.latency_slack, options.wrong_answer_s * 1e3, options.latency_feedback
     spread = options.spread_margin
     stage_ms = options.wrong_answer_stage_s * 1e3

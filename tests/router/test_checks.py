@@ -81,7 +81,7 @@ def test_the_gateway_logs_them_at_start_up(tmp_path: Path, caplog: pytest.LogCap
     ]
 
 
-def test_check_shows_each_backends_profile_and_warns_where_a_guess_routes(tmp_path: Path) -> None:
+def test_check_shows_each_backends_profile_and_warns_where_a_guess_or_a_learner_routes(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(
         "gateway: {policy: predictive}\nbackends:\n"
@@ -95,19 +95,21 @@ def test_check_shows_each_backends_profile_and_warns_where_a_guess_routes(tmp_pa
                           cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("  ")}
-    assert "profile=guess(h200-qwen2.5-7b)" in rows["known"] and "profile=guess(h200-qwen2.5-7b)" in rows["mine"]
+    assert "profile=guess(h200-qwen2.5-7b)" in rows["known"] and "profile=learned(from h200-qwen2.5-7b)" in rows["mine"]
     assert "profile=h200-qwen2.5-0.5b" in rows["set"]
     assert proc.stderr.splitlines() == [
         f"warning: {path}:3: backends[known]: no profile: its latency is predicted with h200-qwen2.5-7b, the profile "
         "shipped for its model name, measured on an H200; measure the worker with `chimera profile --url "
         "http://127.0.0.1:9 --model qwen2.5-7b --out known.json`, then set `profile: known.json`",
-        f"warning: {path}:4: backends[mine]: no profile: its latency is predicted with h200-qwen2.5-7b, a default: "
-        "none is shipped for model m; measure the worker with `chimera profile --url http://127.0.0.1:10 --model m "
-        "--out mine.json`, then set `profile: mine.json`; and no `quality`: its answers count as h200-qwen2.5-7b's, "
-        "so the policy cannot weigh its speed against them (set `quality`, 0..1)",
-        f"warning: {path}:6: backends[rated]: no profile: its latency is predicted with h200-qwen2.5-7b, a default: "
-        "none is shipped for model m; measure the worker with `chimera profile --url http://127.0.0.1:12 --model m "
-        "--out rated.json`, then set `profile: rated.json`",
+        f"warning: {path}:4: backends[mine]: no profile: none is shipped for model m, so its step times are learned "
+        "from its own answers (until then: h200-qwen2.5-7b's); measure the worker with `chimera profile --url "
+        "http://127.0.0.1:10 --model m --out mine.json`, then set `profile: mine.json` to predict it from the first "
+        "request; and no `quality`: how good its answers are is learned from the verdicts posted to /v1/feedback "
+        "(without them the policy cannot weigh its speed against its answers: set `quality`, 0..1)",
+        f"warning: {path}:6: backends[rated]: no profile: none is shipped for model m, so its step times are learned "
+        "from its own answers (until then: h200-qwen2.5-7b's); measure the worker with `chimera profile --url "
+        "http://127.0.0.1:12 --model m --out rated.json`, then set `profile: rated.json` to predict it from the first "
+        "request",
     ]
     path.write_text(path.read_text().replace("policy: predictive", "policy: round_robin"))  # predictions route nothing
     assert guessed_profiles(load_config(path)) == []
