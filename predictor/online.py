@@ -12,13 +12,13 @@ prior computes from the fleet view at dispatch:
   prefill took, and the one in progress), against the prompt tokens prefilled (its own uncached ones and
   those queued ahead of it) and their causal attention work gives ``ttft_overhead``, ``prefill`` and ``attn``.
 
-Both are non-negative robust least squares on the last ``window`` answers (``scipy.optimize.least_squares`` with
-a soft L1 loss, from the ``nnls`` solution), refitted every ``refit_every`` answers: about a millisecond, on the
-answers' own path. Where the window's batches lie within ``MIN_BATCH_SPREAD`` of each other, a step's base and
-its per-sequence cost cannot be told apart, so the starting profile's decode terms are scaled together instead
-(by the mean ratio, its tenths at either end trimmed). Until ``min_samples`` answers have taught it, the worker
-keeps its starting profile. A non-streamed answer teaches the decode terms (its e2e less the predicted TTFT, per
-token) when it is long enough.
+Both are non-negative robust least squares on the last ``window`` answers (``scipy.optimize.least_squares``
+with a soft L1 loss, from the ``nnls`` solution), refitted every ``refit_every`` answers at first and every 64
+once 512 have come (a refit takes about 2 ms on the answers' own path: about 0.04 ms an answer then). Where the
+window's batches lie within ``MIN_BATCH_SPREAD`` of each other, a step's base and its per-sequence cost cannot be
+told apart, so the starting profile's decode terms are scaled together instead (by the mean ratio, its tenths at
+either end trimmed). Until ``min_samples`` answers have taught it, the worker keeps its starting profile. A
+non-streamed answer teaches the decode terms (its e2e less the predicted TTFT, per token) when it is long enough.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from scipy.stats import trim_mean
 from predictor.prior import WorkerProfile
 
 MIN_DECODE_TOKENS = 8  # a non-streamed answer this long or longer teaches the decode terms
+MAX_REFIT_EVERY = 64  # answers between refits once many have been seen
 TRIM = 0.1  # the share of ratios cut at either end of the scaled fit's mean
 MIN_BATCH_SPREAD = 8  # batches this far apart in the window fit base and per-sequence terms apart (else one scale)
 
@@ -94,7 +95,10 @@ class StepLearner:
             return False
         self.samples += 1
         self._since += 1
-        if self.samples < self.min_samples or self._since < self.refit_every:
+        # every refit_every answers at first, then every eighth of those seen (at most MAX_REFIT_EVERY): a refit
+        # costs about 2 ms, so once the terms have settled it is paid rarely
+        every = min(MAX_REFIT_EVERY, max(self.refit_every, self.samples // 8))
+        if self.samples < self.min_samples or self._since < every:
             return False
         self._since = 0
         return self.refit()
