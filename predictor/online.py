@@ -122,7 +122,8 @@ class StepLearner:
             base, seqs, per_ctx = k * s.base, k * s.decode_seqs, k * s.decode_ctx
         if not (base > 0 or seqs > 0):
             return False
-        terms: dict[str, float] = {"base": base, "decode_seqs": seqs, "decode_ctx": per_ctx}
+        wp = self.profile
+        overhead, prefill, attn = wp.ttft_overhead, wp.prefill, wp.attn
         if len(self._prefill) >= 3:
             p = np.asarray(self._prefill)
             # the decode steps its prefill and the step in progress took, at the batch it found
@@ -131,8 +132,8 @@ class StepLearner:
             if keep.sum() >= 3:
                 p, rest = p[keep], rest[keep]
                 overhead, prefill, attn = _robust_fit(np.column_stack([np.ones(len(p)), p[:, 3], p[:, 4]]), rest)
-                terms.update(ttft_overhead=overhead, prefill=prefill, attn=attn)
-        self.profile = replace(self.profile, **terms)
+        self.profile = replace(wp, base=base, decode_seqs=seqs, decode_ctx=per_ctx, ttft_overhead=overhead,
+                               prefill=prefill, attn=attn)  # fmt: skip
         self.fits += 1
         return True
 
