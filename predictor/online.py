@@ -207,11 +207,11 @@ class Unprofiled:
         self.models: dict[str, QualityTally] = {}
         self._agents: dict[tuple[str, str], QualityTally] = {}
         for name, model, declared in workers:
-            tally = self.models.setdefault(model, self._tally(declared))
+            declared = self._declared.setdefault(model, declared)  # a model's first backend declares for all
+            tally = self.models.get(model) or self.models.setdefault(model, self._tally(declared))
             self.profiles[name] = replace(learned_start(profiles[name], f"learned:{name}"), quality=tally.value)
             self.steps[name] = StepLearner(self.profiles[name])
             self._model_of[name] = model
-            self._declared[model] = declared
 
     def _tally(self, declared: float | None) -> QualityTally:
         return QualityTally() if declared is None else QualityTally(declared, self._strength)
