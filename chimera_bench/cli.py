@@ -74,11 +74,21 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         "requests/s: one process's SDK adds queueing of its own)",
     )
     b.add_argument("--no-pin", action="store_true", help="overhead: do not pin processes to cores")
+    b.add_argument("--stream", choices=("on", "off", "both"), help="overhead: streamed requests, non-streamed ones "
+                   "(one JSON body), or both (default: on)")  # fmt: skip
     b.add_argument(
         "--unseen", action="store_true",
         help="start the config's sims, but give the gateway none of their profiles, speedups or qualities (each "
         "backend as a url: worker it has no profile of, each agent's SLA in wall-clock time), and post every "
         "verdict as feedback: routing on workers the router has never seen",
+    )  # fmt: skip
+    b.add_argument(
+        "--peers", type=_csv(str, "NAME:POLICY"), default=(), metavar="NAME:POLICY,...",
+        help="the routers a user would run instead, each started by the bench in front of the same workers and "
+        "reported as a row beside --policies: vllm-router:{round_robin,cache_aware,power_of_two,consistent_hash}, "
+        "sglang-router:{round_robin,cache_aware,power_of_two}, litellm:{simple-shuffle,least-busy,"
+        "latency-based-routing} (pip install 'chimera-router[peers]'; chimera_bench/peers.py says what each is "
+        "given)",
     )  # fmt: skip
     b.add_argument(
         "--costs", type=_csv(float, "numbers"), metavar="W1,W2,...",
@@ -116,7 +126,7 @@ def run_collect(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise ConfigError("must name a file to write the request log to", key="--out")
-    args.users, args.replicas, args.clients, args.costs = None, 1, 1, None  # what `_check` reads of a bench
+    args.users, args.replicas, args.clients, args.costs, args.peers, args.stream = None, 1, 1, None, (), None
     _check(args)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (stop what the bench started)
     from chimera_bench.collect import collect, runs_dir
@@ -161,6 +171,11 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("give --rate or --users, not both", key="--users")
     if args.workload == "overhead" and args.costs:
         raise ConfigError("the overhead workload has no policies to sweep", key="--costs")
+    if args.peers and args.replicas != 1:
+        raise ConfigError("a peer runs as its users run it; --replicas is chimera's", key="--replicas")
+    if args.stream is not None and args.workload != "overhead":
+        raise ConfigError("only the overhead workload's requests are set here (the others stream, as agents do)",
+                          key="--stream")  # fmt: skip
     if args.workload == "overhead" and args.clients != 1:
         raise ConfigError("the overhead workload has a client of its own (one process)", key="--clients")
 
@@ -174,8 +189,9 @@ def run(args: argparse.Namespace) -> int:
     if args.workload == "overhead":
         from chimera_bench.overhead import run_overhead
 
+        streams = {"on": (True,), "off": (False,), "both": (True, False)}[args.stream or "on"]
         run_overhead(rates=args.rate or (200.0,), duration_s=args.duration, warmup_s=args.warmup, out=args.out,
-                     pin=not args.no_pin, seed=seeds[0])  # fmt: skip
+                     pin=not args.no_pin, seed=seeds[0], peers=tuple(args.peers), streams=streams)  # fmt: skip
         return 0
     if not args.config:
         raise ConfigError("--config is required for this workload", key="--config")
@@ -184,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
 
     policies = args.policies or (load_config(args.config).gateway.policy,)
     spec = BenchSpec(
-        config_path=args.config, workload=args.workload, policies=tuple(policies), rates=tuple(args.rate),
+        config_path=args.config, workload=args.workload, policies=(*policies, *args.peers), rates=tuple(args.rate),
         users=args.users, duration_s=args.duration, warmup_s=args.warmup, seeds=seeds, out=args.out,
         speedup=args.speedup, drain_s=args.drain, plots=not args.no_plots, replicas=args.replicas,
         clients=args.clients, unseen=args.unseen,

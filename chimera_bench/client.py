@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,6 +35,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from chimera_bench.workloads import Step, Workflow, make_workflow
 from router.core.config import Config
 from router.core.errors import ChimeraError
+
+if TYPE_CHECKING:
+    from chimera_bench.peers import Route
 
 
 @dataclass
@@ -95,8 +99,9 @@ class AgentClients:
     """
 
     def __init__(
-        self, base_url: str, config: Config, timeout_s: float = 600.0, pools: int = 1, feedback: bool | None = None
-    ) -> None:
+        self, base_url: str, config: Config, timeout_s: float = 600.0, pools: int = 1, feedback: bool | None = None,
+        routes: Mapping[str, Route] | None = None,
+    ) -> None:  # fmt: skip
         try:
             import openai
         except ImportError as exc:  # a core install has no openai; the dev extra does
@@ -108,7 +113,16 @@ class AgentClients:
         ]
         self._clients: list[dict[str, Any]] = [{} for _ in self._roots]
         self._auth: dict[str, dict[str, str]] = {}
+        self._models: dict[str, str] = {}
         for agent in config.agents:
+            route = routes.get(agent.name) if routes is not None else None
+            if route is not None:  # a peer router: its own URL for the agent, the model the agent names there
+                key = route.api_key or "unused"
+                self._auth[agent.name] = {"Authorization": f"Bearer {key}"}
+                self._models[agent.name] = route.model
+                for root, clients in zip(self._roots, self._clients, strict=True):
+                    clients[agent.name] = root.with_options(base_url=route.url + "/v1", api_key=key)
+                continue
             if agent.api_keys:
                 self._auth[agent.name] = {"Authorization": f"Bearer {agent.api_keys[0]}"}
                 options: dict[str, Any] = {"api_key": agent.api_keys[0]}
@@ -117,8 +131,15 @@ class AgentClients:
                 options = {"default_headers": {"X-Agent": agent.name}}
             for root, clients in zip(self._roots, self._clients, strict=True):
                 clients[agent.name] = root.with_options(**options)
-        self.feedback = posts_feedback(config, config.gateway.policy) if feedback is None else feedback
+        self.feedback = (posts_feedback(config, config.gateway.policy) if feedback is None else feedback) and not routes
         self._http = httpx.AsyncClient(base_url=base_url, timeout=10.0) if self.feedback else None
+
+    def _hidden(self, step: Step) -> dict[str, Any]:
+        """The step's ``sim`` fields (read by the simulated worker only); through a peer, also as ``metadata``,
+        which SGLang's router keeps where it drops fields it does not know (backends/sim/api.py)."""
+        if not self._models:
+            return {"sim": step.sim}
+        return {"sim": step.sim, "metadata": {"sim": json.dumps(step.sim)}}
 
     def has(self, agent: str) -> bool:
         return agent in self._auth
@@ -146,17 +167,20 @@ class AgentClients:
         start = time.monotonic()
         try:
             raw = await client.chat.completions.with_raw_response.create(
-                model="auto", messages=step.messages, max_tokens=step.max_tokens, stream=True,
-                stream_options={"include_usage": True}, extra_body={"sim": step.sim},
+                model=self._models.get(step.agent, "auto"), messages=step.messages, max_tokens=step.max_tokens,
+                stream=True,
+                stream_options={"include_usage": True}, extra_body=self._hidden(step),
                 extra_headers={"x-workflow-id": workflow_id, "x-workflow-stage": str(stage)},
             )  # fmt: skip
             rec.request_id = raw.headers.get("x-request-id")
+            if (served := raw.headers.get("x-litellm-model-name")) is not None:  # LiteLLM answers as its group
+                rec.model = served.partition("/")[2] or served
             stream = raw.parse()
             async for chunk in stream:
                 if chunk.usage is not None:
                     rec.output_tokens = chunk.usage.completion_tokens
                     rec.prompt_tokens = chunk.usage.prompt_tokens
-                if chunk.model:
+                if chunk.model and not rec.model:
                     rec.model = chunk.model
                 for choice in chunk.choices:
                     if choice.delta.content:
@@ -259,6 +283,7 @@ class ShardJob:
     shard: tuple[int, int]
     pools: int = 1  # connection pools (AgentClients)
     feedback: bool = False  # post every verdict to /v1/feedback (posts_feedback)
+    routes: dict[str, Route] | None = None  # through a peer router: each agent's URL and model (bench.peers)
 
 
 def warm_up() -> int:
@@ -277,7 +302,7 @@ def run_shard(job: ShardJob, t0: float) -> RunLog:
 
 async def _run_shard(job: ShardJob, t0: float) -> RunLog:
     log = RunLog()
-    clients = AgentClients(job.url, job.config, pools=job.pools, feedback=job.feedback)
+    clients = AgentClients(job.url, job.config, pools=job.pools, feedback=job.feedback, routes=job.routes)
     try:
         args = (job.horizon_s, job.drain_s, log, lambda _: None, t0)
         if job.kind == "users":

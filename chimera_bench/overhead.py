@@ -29,7 +29,13 @@ from chimera_bench.stats import quantiles
 
 MAX_CONNECTIONS = 128  # like `vllm bench serve --max-concurrency`: an overloaded server queues, not drowns
 _PROMPT = [{"role": "user", "content": "say eight short words about routers please"}]
-BODY = json.dumps({"model": "auto", "stream": True, "max_tokens": 16, "messages": _PROMPT}).encode()
+
+
+def body(stream: bool = True, model: str = "auto") -> bytes:
+    return json.dumps({"model": model, "stream": stream, "max_tokens": 16, "messages": _PROMPT}).encode()
+
+
+BODY = body()
 CONFIG = """gateway: {{host: 127.0.0.1, port: {gw_port}, state: memory, policy: round_robin, default_agent: chat}}
 backends:
   - {{name: fast-0, url: "http://127.0.0.1:{worker_port}", model: fast, kv_budget_tokens: 1000000}}
@@ -45,7 +51,7 @@ class _Conn:
 
     async def request(self, head: bytes) -> None:
         self.answered = False
-        self.writer.write(head + BODY)
+        self.writer.write(head)
         status = await self.reader.readuntil(b"\r\n")
         self.answered = True
         if b" 200 " not in status:
@@ -66,11 +72,15 @@ class _Conn:
         await self.reader.readuntil(b"\r\n")
 
 
-async def offer(url: str, rate: float, duration_s: float, warmup_s: float, seed: int) -> dict[str, Any]:
-    """Poisson arrivals at ``rate``/s for ``warmup_s + duration_s``; stats over the measured part."""
+async def offer(
+    url: str, rate: float, duration_s: float, warmup_s: float, seed: int, payload: bytes = BODY, auth: str = ""
+) -> dict[str, Any]:
+    """Poisson arrivals at ``rate``/s for ``warmup_s + duration_s``; stats over the measured part. ``payload``:
+    the request body (default: streamed, ``model: auto``); ``auth``: a bearer token to send."""
     host, port = url.removeprefix("http://").split(":")
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(BODY)}\r\n\r\n").encode()  # fmt: skip
+    key = f"authorization: Bearer {auth}\r\n" if auth else ""
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n{key}"
+            f"content-length: {len(payload)}\r\n\r\n").encode() + payload  # fmt: skip
     idle: list[_Conn] = []
     lat: list[tuple[float, float]] = []  # (scheduled arrival, latency)
     errors = [0]
@@ -134,10 +144,18 @@ async def offer(url: str, rate: float, duration_s: float, warmup_s: float, seed:
 
 
 def run_overhead(
-    *, rates: tuple[float, ...], duration_s: float, warmup_s: float, out: str, pin: bool = True, seed: int = 0
-) -> list[dict[str, Any]]:
+    *, rates: tuple[float, ...], duration_s: float, warmup_s: float, out: str, pin: bool = True, seed: int = 0,
+    peers: tuple[str, ...] = (), streams: tuple[bool, ...] = (True,),
+) -> list[dict[str, Any]]:  # fmt: skip
+    """At each rate and for each of ``streams`` (streamed, non-streamed): the worker directly, then through
+    chimera (round robin), then through each of ``peers`` (``NAME:POLICY``, bench.peers) on the same core."""
     from rich.console import Console
 
+    from chimera_bench import peers as peer_mod
+    from router.core.config import load_config
+
+    for spec in peers:
+        peer_mod.check_installed(peer_mod.parse(spec)[0])
     console = Console(stderr=True)
     dest = Path(out)
     (dest / "logs").mkdir(parents=True, exist_ok=True)
@@ -156,16 +174,28 @@ def run_overhead(
         wait_ready(worker_url + "/health", proc=worker)
         if client_cpu is not None:
             os.sched_setaffinity(0, {client_cpu})
+        fleet = load_config(cfg_path)
         for rate in rates:
-            direct = asyncio.run(offer(worker_url, rate, duration_s, warmup_s, seed))
-            with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-overhead.log", gw_cpu, None):
-                via = asyncio.run(offer(gw_url, rate, duration_s, warmup_s, seed))
-            entries.append(_entry(rate, direct, via, duration_s, warmup_s, can_pin, cores))
-            console.print(
-                f"overhead rate={rate:g}: direct {direct['rps']} rps, p50 {direct['e2e_ms']['p50']} ms; "
-                f"gateway {via['rps']} rps, p50 {via['e2e_ms']['p50']} ms; {via['errors']} errors"
-            )
-            (dest / "results.json").write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
+            for stream in streams:
+                payload = body(stream)
+                direct = asyncio.run(offer(worker_url, rate, duration_s, warmup_s, seed, payload))
+                with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-overhead.log", gw_cpu, None):
+                    via = asyncio.run(offer(gw_url, rate, duration_s, warmup_s, seed, payload))
+                rows = [("round_robin", via)]
+                for spec in peers:
+                    tag = f"overhead-{spec.replace(':', '-')}-{rate:g}-{'s' if stream else 'n'}"
+                    with peer_mod.running(spec, fleet, dest / "logs", tag, cpu=gw_cpu) as routes:
+                        route = routes["chat"]
+                        rows.append((spec, asyncio.run(offer(route.url, rate, duration_s, warmup_s, seed,
+                                                             body(stream, route.model), route.api_key))))  # fmt: skip
+                for name, measured in rows:
+                    entries.append(_entry(rate, direct, measured, duration_s, warmup_s, can_pin, cores, name, stream))
+                    console.print(
+                        f"overhead {name} rate={rate:g} {'streamed' if stream else 'non-streamed'}: direct "
+                        f"{direct['rps']} rps, p50 {direct['e2e_ms']['p50']} ms; through it {measured['rps']} rps, "
+                        f"p50 {measured['e2e_ms']['p50']} ms; {measured['errors']} errors"
+                    )
+                (dest / "results.json").write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
         with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-profile.log", gw_cpu,
                       str(dest / "gateway-profile")):  # fmt: skip
             asyncio.run(offer(gw_url, rates[0], duration_s, 0.0, seed))
@@ -187,14 +217,16 @@ def _gateway(cfg: str, port: int, log: Path, cpu: int | None, profile: str | Non
         gateway_proc.stop(proc, timeout_s=30.0)
 
 
-def _entry(rate: float, direct: dict[str, Any], via: dict[str, Any], duration_s: float, warmup_s: float,
-           pinned: bool, cores: list[int]) -> dict[str, Any]:  # fmt: skip
+def _entry(
+    rate: float, direct: dict[str, Any], via: dict[str, Any], duration_s: float, warmup_s: float, pinned: bool,
+    cores: list[int], policy: str = "round_robin", stream: bool = True,
+) -> dict[str, Any]:  # fmt: skip
     def added(q: str) -> float | None:
         a, b = via["e2e_ms"][q], direct["e2e_ms"][q]
         return None if a is None or b is None else round(a - b, 2)
 
     return {
-        "policy": "round_robin", "workload": "overhead", "rate": rate,
+        "policy": policy, "workload": "overhead", "rate": rate, "stream": stream,
         "requests": via["requests"], "errors": via["errors"], "error_kinds": via["error_kinds"],
         "reconnects": via["reconnects"],
         "throughput_rps": via["rps"],
@@ -206,8 +238,9 @@ def _entry(rate: float, direct: dict[str, Any], via: dict[str, Any], duration_s:
         "direct": {"requests": direct["requests"], "errors": direct["errors"], "error_kinds": direct["error_kinds"],
                    "reconnects": direct["reconnects"], "e2e_ms": direct["e2e_ms"]},
         "config": {"workload": "overhead", "rate": rate, "duration_s": duration_s, "warmup_s": warmup_s,
-                   "worker": "chimera_bench.fastworker (8 tokens, streamed)", "client": "raw asyncio HTTP/1.1",
-                   "pinning": f"gateway on core {cores[0]}; worker and client on core {cores[1]}"
+                   "worker": f"chimera_bench.fastworker (8 tokens, {'streamed' if stream else 'one JSON body'})",
+                   "client": "raw asyncio HTTP/1.1",
+                   "pinning": f"router on core {cores[0]}; worker and client on core {cores[1]}"
                    if pinned else "none", "latency": "scheduled arrival to end of body; ttft_ms = e2e_ms"},
     }  # fmt: skip
 
@@ -216,11 +249,14 @@ def _print(entries: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="gateway overhead (zero-latency worker)", title_justify="left")
-    for h in ("rate", "direct rps", "gateway rps", "ratio", "direct p50", "gw p50", "added p50", "added p99", "err"):
+    t = Table(title="router overhead (zero-latency worker)", title_justify="left")
+    heads = ("router", "rate", "stream", "direct rps", "via rps", "ratio", "direct p50", "via p50", "added p50",
+             "added p99", "err")  # fmt: skip
+    for h in heads:
         t.add_column(h, justify="right")
     for e in entries:
-        t.add_row(f"{e['rate']:g}", str(e["direct_rps"]), str(e["gateway_rps"]), str(e["throughput_ratio"]),
+        t.add_row(e["policy"], f"{e['rate']:g}", "yes" if e.get("stream", True) else "no", str(e["direct_rps"]),
+                  str(e["gateway_rps"]), str(e["throughput_ratio"]),
                   str(e["direct"]["e2e_ms"]["p50"]), str(e["e2e_ms"]["p50"]), str(e["added_latency_ms"]["p50"]),
                   str(e["added_latency_ms"]["p99"]), str(e["errors"]))  # fmt: skip
     Console(width=160).print(t)

@@ -10,11 +10,13 @@ so an interrupted bench keeps what it measured. Then the table is printed and th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import multiprocessing
 import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +24,7 @@ from typing import Any
 
 from backends.listen import free_port, wait_ready
 from chimera_bench import client as bc
-from chimera_bench import gateway_proc
+from chimera_bench import gateway_proc, peers
 from chimera_bench.stats import latencies, summarize
 from chimera_bench.workloads import WORKLOADS, make_workflow
 from router.core.config import Config, load_config
@@ -64,7 +66,9 @@ def validate(spec: BenchSpec) -> Config:
         raise ConfigError(f"unknown workload {spec.workload!r} (one of {', '.join((*WORKLOADS, 'overhead'))})",
                           key="--workload")  # fmt: skip
     for p in spec.policies:
-        if p not in available():
+        if peers.is_peer(p):
+            peers.check_installed(peers.parse(p)[0])  # a peer is never handed the sims' profiles either
+        elif p not in available():
             raise ConfigError(f"policy {p!r} is not available (available: {', '.join(available())})", key="--policies")
     names = {a.name for a in cfg.agents}
     missing = [r for r in ROLES_OF[spec.workload] if r not in names]
@@ -134,8 +138,7 @@ def run_one(
     spec: BenchSpec, cfg: Config, speedup: float, policy: str, kind: str, load: float, seed: int,
     progress: Any, label: str,
 ) -> tuple[dict[str, Any], dict[str, list[float]]]:  # fmt: skip
-    out = Path(spec.out)
-    tag = f"{policy}-{kind}{load:g}-s{seed}"
+    tag = f"{policy.replace(':', '-')}-{kind}{load:g}-s{seed}"
     # The bench starts the sims itself, so each gets a free port: a config's fixed ports may be taken
     # by anyone else on a shared machine.
     urls = {b.name: f"http://127.0.0.1:{free_port()}" for b in cfg.backends if b.sim is not None}
@@ -143,48 +146,15 @@ def run_one(
     horizon = spec.warmup_s + spec.duration_s
     drain = spec.drain_s if spec.drain_s is not None else max(30.0, horizon)
     log = bc.RunLog()
-    with running_sims(fleet_cfg.backends):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        state = replica_state(cfg.gateway.state, tag) if spec.replicas > 1 else None
-        gws, gw_logs = [], []
-        for r in range(spec.replicas):
-            suffix = f"-r{r}" if spec.replicas > 1 else ""
-            cmd = gateway_proc.command(spec.config_path, port, policy=policy, speedup=spec.speedup, urls=urls,
-                                       request_log=str(out / "logs" / f"requests-{tag}{suffix}.jsonl"),
-                                       state=state, reuse_port=spec.replicas > 1, unseen=spec.unseen)  # fmt: skip
-            gw_logs.append(out / "logs" / f"gateway-{tag}{suffix}.log")
-            gws.append(gateway_proc.start(cmd, gw_logs[-1]))
-        try:
-            for gw, where in zip(gws, gw_logs, strict=True):
-                try:
-                    wait_ready(url + "/ready", proc=gw, log_file=where)
-                except ChimeraError as exc:
-                    workers = ", ".join(f"{b.name} {b.url}" for b in fleet_cfg.backends)
-                    raise ChimeraError(f"the bench's gateway did not come up ({exc}); its workers: {workers}; "
-                                       f"its log: {where}") from None  # fmt: skip
-            if len(gws) > 1:
-                admin = cfg.gateway.admin_key
-                gateway_proc.wait_replicas(url, gws, {"Authorization": f"Bearer {admin}"} if admin else None)
-            task = progress.add_task(label, total=horizon)
-            counters = asyncio.run(
-                _drive(
-                    spec,
-                    fleet_cfg,
-                    url,
-                    kind,
-                    load,
-                    seed,
-                    horizon,
-                    drain,
-                    log,
-                    policy,
-                    lambda n, t: progress.update(task, completed=min(horizon, t), description=f"{label} · {n} req"),
-                )
+    with running_sims(fleet_cfg.backends), _front(spec, cfg, fleet_cfg, policy, urls, tag) as (url, routes):
+        task = progress.add_task(label, total=horizon)
+        counters = asyncio.run(
+            _drive(
+                spec, fleet_cfg, url, kind, load, seed, horizon, drain, log, policy,
+                lambda n, t: progress.update(task, completed=min(horizon, t), description=f"{label} · {n} req"),
+                routes,
             )
-        finally:
-            for gw in gws:
-                gateway_proc.stop(gw)
+        )  # fmt: skip
         progress.remove_task(task)
     entry: dict[str, Any] = {"policy": policy, "workload": spec.workload, kind: load, "seed": seed}
     entry.update(summarize(log, cfg, warmup_s=spec.warmup_s, duration_s=spec.duration_s, sla_scale=1.0 / speedup))
@@ -208,13 +178,52 @@ def run_one(
     return entry, latencies(log, spec.warmup_s, spec.duration_s)
 
 
+@contextlib.contextmanager
+def _front(
+    spec: BenchSpec, cfg: Config, fleet_cfg: Config, policy: str, urls: dict[str, str], tag: str
+) -> Iterator[tuple[str, dict[str, peers.Route] | None]]:
+    """What the load goes through for one row: a peer router (``NAME:POLICY``, bench.peers), yielding each
+    agent's route, or chimera's gateway (``--replicas`` processes on one port) with ``policy``."""
+    out = Path(spec.out)
+    if peers.is_peer(policy):
+        with peers.running(policy, fleet_cfg, out / "logs", tag) as routes:
+            yield next(iter(routes.values())).url, routes
+        return
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    state = replica_state(cfg.gateway.state, tag) if spec.replicas > 1 else None
+    gws, gw_logs = [], []
+    try:
+        for r in range(spec.replicas):
+            suffix = f"-r{r}" if spec.replicas > 1 else ""
+            cmd = gateway_proc.command(spec.config_path, port, policy=policy, speedup=spec.speedup, urls=urls,
+                                       request_log=str(out / "logs" / f"requests-{tag}{suffix}.jsonl"),
+                                       state=state, reuse_port=spec.replicas > 1, unseen=spec.unseen)  # fmt: skip
+            gw_logs.append(out / "logs" / f"gateway-{tag}{suffix}.log")
+            gws.append(gateway_proc.start(cmd, gw_logs[-1]))
+        for gw, where in zip(gws, gw_logs, strict=True):
+            try:
+                wait_ready(url + "/ready", proc=gw, log_file=where)
+            except ChimeraError as exc:
+                workers = ", ".join(f"{b.name} {b.url}" for b in fleet_cfg.backends)
+                raise ChimeraError(f"the bench's gateway did not come up ({exc}); its workers: {workers}; "
+                                   f"its log: {where}") from None  # fmt: skip
+        if len(gws) > 1:
+            admin = cfg.gateway.admin_key
+            gateway_proc.wait_replicas(url, gws, {"Authorization": f"Bearer {admin}"} if admin else None)
+        yield url, None
+    finally:
+        for gw in gws:
+            gateway_proc.stop(gw)
+
+
 async def _drive(
     spec: BenchSpec, cfg: Config, url: str, kind: str, load: float, seed: int, horizon: float, drain: float,
-    log: bc.RunLog, policy: str, show: Any,
+    log: bc.RunLog, policy: str, show: Any, routes: dict[str, peers.Route] | None = None,
 ) -> dict[str, dict[str, float]]:  # fmt: skip
     pools = _pools(spec)
-    feedback = bc.posts_feedback(cfg, policy)
-    clients = bc.AgentClients(url, cfg, pools=pools, feedback=feedback)
+    feedback = not routes and bc.posts_feedback(cfg, policy)  # a peer has no /v1/feedback
+    clients = bc.AgentClients(url, cfg, pools=pools, feedback=feedback, routes=routes)
     make_workflow(spec.workload, seed, 0)  # fail fast on a bad workload before any load
     workers = {b.name: b.url for b in cfg.backends}
     before = await bc.scrape_workers(workers)  # real workers count from their start, not this run's
@@ -236,10 +245,12 @@ async def _drive(
                 show(done[0], time.monotonic() - t0)
                 await asyncio.sleep(0.5)
 
-        pollers = [asyncio.create_task(bc.poll_fleet(url, log, t0)), asyncio.create_task(tick())]
+        pollers = [asyncio.create_task(tick())]
+        if routes is None:  # chimera's /fleet (a peer has none)
+            pollers.append(asyncio.create_task(bc.poll_fleet(url, log, t0)))
         if pool is not None:
             jobs = [bc.ShardJob(url, cfg, spec.workload, kind, load, seed, horizon, drain, (k, spec.clients), pools,
-                                feedback) for k in range(spec.clients)]  # fmt: skip
+                                feedback, routes) for k in range(spec.clients)]  # fmt: skip
             parts = await asyncio.gather(*(loop.run_in_executor(pool, bc.run_shard, j, t0) for j in jobs))
             for part in parts:
                 log.requests.extend(part.requests)

@@ -132,8 +132,16 @@ def parse_completion(
 
 
 def sim_fields(req: dict[str, Any]) -> tuple[int | None, float | None]:
-    """The body's ``sim`` field, which only the sim reads: ``(output_tokens, difficulty)``."""
-    sim = req.get("sim") or {}
+    """The body's ``sim`` field, which only the sim reads: ``(output_tokens, difficulty)``. Without one, the same
+    object as JSON in ``metadata["sim"]`` (OpenAI's string-valued metadata): a router that re-encodes requests in
+    its own types (SGLang's) keeps that field and drops unknown ones."""
+    sim = req.get("sim")
+    if sim is None and isinstance(meta := req.get("metadata"), dict) and isinstance(meta.get("sim"), str):
+        try:
+            sim = json.loads(meta["sim"])
+        except ValueError:
+            raise SimApiError(400, "metadata.sim must be a JSON object", "metadata.sim") from None
+    sim = sim or {}
     if not isinstance(sim, dict):
         raise SimApiError(400, "'sim' must be an object", "sim")
     output_tokens = _opt_int(sim, "output_tokens", None, "sim.")

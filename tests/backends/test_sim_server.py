@@ -198,6 +198,21 @@ def test_error_envelopes(sim_server: SimServer, sim_profile: Profile) -> None:
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
 
 
+def test_the_hidden_fields_also_ride_in_metadata(sim_server: SimServer, sim_profile: Profile) -> None:
+    """A router that re-encodes requests (SGLang's keeps `metadata`, drops `sim`) still carries the hidden fields."""
+    import json
+
+    srv = sim_server(profile=sim_profile())
+    with sdk(srv) as client:
+        meta = {"sim": json.dumps({"output_tokens": 7, "difficulty": 0.01})}
+        r = client.chat.completions.create(model="sim-test", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=50, metadata=meta)  # fmt: skip
+        assert r.usage.completion_tokens == 7  # the length came from metadata.sim (max_tokens is 50)
+        with pytest.raises(openai.BadRequestError, match="metadata.sim must be a JSON object"):
+            client.chat.completions.create(model="sim-test", messages=[{"role": "user", "content": "hi"}],
+                                           metadata={"sim": "{not json"})  # fmt: skip
+
+
 def test_defaults_and_ids_as_vllm_reads_them(sim_server: SimServer, sim_profile: Profile) -> None:
     srv = sim_server(profile=sim_profile())
     long = {"sim": {"output_tokens": 100}}

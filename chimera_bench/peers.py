@@ -1,0 +1,227 @@
+"""The routers a user would run instead of chimera, started by the bench in front of the same workers.
+
+``chimera bench --peers NAME:POLICY[,...]`` runs each peer as its own users run it, from its own package (the
+``peers`` extra: ``pip install 'chimera-router[peers]'``), and drives the same seeded workload through it:
+
+* **vLLM Router** (``vllm-router``, Rust) and **SGLang's router** (``sglang-router``, Rust) balance the workers of
+  one model: they send every request to one of their ``--worker-urls`` whatever model it names (a request for a
+  model the chosen worker does not serve gets that worker's 404), unless they run in their multi-model gateway
+  mode, which registers workers through an API of its own. So, as their users deploy them in front of several
+  models, the bench starts one router per model, over that model's workers, and each agent's requests name the
+  agent's first model (what an app hard-codes) and go to that model's router.
+* **The LiteLLM proxy** (``litellm``, Python) routes by model group: the bench gives it one group per agent, named
+  after the agent, whose deployments are every worker of every model the agent may use, with the strategy as
+  ``router_settings.routing_strategy``; each agent's requests name its group.
+
+What each is given beyond that (written to the run's ``logs/`` too, for a rerun by hand): its policy with its
+own defaults for every tunable, ``--log-level error`` (no line per request), the metrics port on a free port,
+and for the Rust routers the worker start-up check every second instead of 30 s; LiteLLM a master key (it
+refuses to start without one), the local cost map (no download at start-up), no retries and no cool-downs (a
+worker is never taken out of the group; chimera's bench has no failures to retry) and one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from backends.listen import free_port, wait_ready
+from router.core.config import Config
+from router.core.errors import ChimeraError, ConfigError
+
+PEERS_EXTRA = "pip install 'chimera-router[peers]'"
+LITELLM_KEY = "sk-chimera-bench"  # the proxy's master key: LiteLLM refuses to start without one
+READY_S = 120.0  # LiteLLM imports for about 10 s on a busy 2-core machine
+
+
+@dataclass(frozen=True)
+class PeerKind:
+    """One router package: the policies the bench offers, the module that says it is installed."""
+
+    name: str
+    module: str
+    policies: tuple[str, ...]
+    per_model: bool  # balances one model's workers (one router per model), else routes by model group
+
+
+PEERS: dict[str, PeerKind] = {
+    "vllm-router": PeerKind("vllm-router", "vllm_router",
+                            ("round_robin", "cache_aware", "power_of_two", "consistent_hash", "random"), True),
+    "sglang-router": PeerKind("sglang-router", "sglang_router",
+                              ("round_robin", "cache_aware", "power_of_two", "random"), True),
+    "litellm": PeerKind("litellm", "litellm",
+                        ("simple-shuffle", "least-busy", "latency-based-routing"), False),
+}  # fmt: skip
+
+
+def is_peer(policy: str) -> bool:
+    """Whether a bench row's ``policy`` names a peer (``NAME:POLICY``) rather than one of chimera's policies."""
+    return ":" in policy
+
+
+def parse(spec: str) -> tuple[PeerKind, str]:
+    """``NAME:POLICY`` as a peer and its policy; a ConfigError (one line, ``--peers``) for anything else."""
+    name, _, policy = spec.partition(":")
+    kind = PEERS.get(name)
+    if kind is None:
+        raise ConfigError(f"unknown peer {name!r} in {spec!r} (one of {', '.join(PEERS)})", key="--peers")
+    if policy not in kind.policies:
+        raise ConfigError(f"{name} has no policy {policy!r} here (one of {', '.join(kind.policies)})", key="--peers")
+    return kind, policy
+
+
+def check_installed(kind: PeerKind) -> None:
+    """One line naming the extra where the peer's package is missing."""
+    if importlib.util.find_spec(kind.module) is None:
+        raise ChimeraError(f"the peer {kind.name} is not installed: {PEERS_EXTRA}")
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one agent's requests go through a peer, and the ``model`` they name."""
+
+    url: str
+    model: str
+    api_key: str = ""  # a bearer token the router wants (LiteLLM's master key)
+
+
+def routes(kind: PeerKind, cfg: Config, fronts: dict[str, str]) -> dict[str, Route]:
+    """Each agent's route, ``fronts`` being the peer's base URL per model (one router per model) or ``{"": url}``."""
+    out: dict[str, Route] = {}
+    for agent in cfg.agents:
+        if kind.per_model:
+            model = first_model(cfg, agent.models)
+            out[agent.name] = Route(fronts[model], model)
+        else:
+            out[agent.name] = Route(fronts[""], agent.name, api_key=LITELLM_KEY)
+    return out
+
+
+def first_model(cfg: Config, models: tuple[str, ...]) -> str:
+    """The first of an agent's models that some backend serves (the one an app would hard-code)."""
+    served = {b.model for b in cfg.backends}
+    for m in models:
+        if m in served:
+            return m
+    raise ConfigError(f"no backend serves any of {', '.join(models)}", key="agents[].models")
+
+
+def rust_command(kind: PeerKind, policy: str, port: int, workers: list[str]) -> list[str]:
+    """vLLM Router's or SGLang's router over ``workers`` (same flags: SGLang's router is its ancestor)."""
+    cmd = [sys.executable, "-m", f"{kind.module}.launch_router", "--host", "127.0.0.1", "--port", str(port),
+           "--worker-urls", *workers, "--policy", policy, "--log-level", "error",
+           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]  # fmt: skip
+    if kind.name == "vllm-router":
+        cmd += ["--worker-startup-check-interval", "1"]
+    return cmd
+
+
+def litellm_config(cfg: Config, strategy: str) -> dict[str, object]:
+    """One model group per agent (named after it) over every worker of every model the agent may use."""
+    model_list = [
+        {"model_name": agent.name,
+         "litellm_params": {"model": f"openai/{b.model}", "api_base": b.url.rstrip("/") + "/v1", "api_key": "EMPTY"}}
+        for agent in cfg.agents for b in cfg.backends if b.model in agent.models
+    ]  # fmt: skip
+    return {
+        "model_list": model_list,
+        "router_settings": {"routing_strategy": strategy, "num_retries": 0, "disable_cooldowns": True},
+        "litellm_settings": {"request_timeout": 600},
+        "general_settings": {"master_key": LITELLM_KEY, "disable_spend_logs": True},
+    }
+
+
+def litellm_command(config_path: Path, port: int) -> list[str]:
+    exe = Path(sys.executable).with_name("litellm")
+    found = str(exe) if exe.exists() else shutil.which("litellm")
+    if found is None:
+        raise ChimeraError(f"the litellm proxy's command is not installed: {PEERS_EXTRA}")
+    return [found, "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+
+
+LITELLM_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "DISABLE_ADMIN_UI": "True"}
+
+
+@contextlib.contextmanager
+def running(spec: str, cfg: Config, logs: Path, tag: str, cpu: int | None = None) -> Iterator[dict[str, Route]]:
+    """The peer ``spec`` (``NAME:POLICY``) in front of ``cfg``'s backends (already running) until the block
+    ends, on core ``cpu`` if given; yields each agent's route. Its command lines go to ``logs/peer-<tag>.json``."""
+    kind, policy = parse(spec)
+    check_installed(kind)
+    logs.mkdir(parents=True, exist_ok=True)
+    procs: list[tuple[subprocess.Popen[bytes], str, Path]] = []
+    fronts: dict[str, str] = {}
+    commands: list[list[str]] = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        if kind.per_model:
+            for model in dict.fromkeys(first_model(cfg, a.models) for a in cfg.agents):
+                port = free_port()
+                workers = [b.url.rstrip("/") for b in cfg.backends if b.model == model]
+                commands.append(rust_command(kind, policy, port, workers))
+                fronts[model] = f"http://127.0.0.1:{port}"
+        else:
+            conf = logs / f"litellm-{tag}.json"  # YAML is a superset of JSON: the proxy reads it as its config
+            conf.write_text(json.dumps(litellm_config(cfg, policy), indent=1) + "\n", encoding="utf-8")
+            port = free_port()
+            commands.append(litellm_command(conf, port))
+            fronts[""] = f"http://127.0.0.1:{port}"
+            env.update(LITELLM_ENV)
+        (logs / f"peer-{tag}.json").write_text(json.dumps({"peer": spec, "commands": commands}, indent=1) + "\n")
+        for cmd, url in zip(commands, fronts.values(), strict=True):
+            log = logs / f"peer-{tag}-{len(procs)}.log"
+            procs.append((_start(cmd, log, env, cpu), url, log))
+        for proc, url, log in procs:
+            wait_ready(url + ("/health/liveliness" if kind.name == "litellm" else "/readiness"), READY_S,
+                       proc=proc, log_file=log)  # fmt: skip
+        if kind.per_model:  # ready with one worker registered: wait for all of them
+            for (proc, url, log), model in zip(procs, fronts, strict=True):
+                _wait_workers(kind, url, sum(b.model == model for b in cfg.backends), proc, log)
+        yield routes(kind, cfg, fronts)
+    finally:
+        from chimera_bench import gateway_proc
+
+        for proc, _, _ in procs:
+            gateway_proc.stop(proc)
+
+
+def _start(cmd: list[str], log: Path, env: dict[str, str], cpu: int | None) -> subprocess.Popen[bytes]:
+    """The router's process, dying with the bench, pinned to ``cpu`` before it runs (so that every thread it
+    starts, and a Rust runtime's count of them, keeps to that core)."""
+    from router.serve import die_with_parent
+
+    def setup() -> None:
+        die_with_parent()
+        if cpu is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {cpu})
+
+    with log.open("ab") as err:
+        return subprocess.Popen(cmd, stdout=err, stderr=err, env=env, preexec_fn=setup)
+
+
+def _wait_workers(kind: PeerKind, url: str, n: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Until the router lists ``n`` healthy workers (its readiness passes with the first one)."""
+    import time
+
+    path = "/list_workers" if kind.name == "vllm-router" else "/workers"
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ChimeraError(f"{kind.name} exited with status {proc.returncode}; its log: {log}")
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            body = httpx.get(url + path, timeout=2.0).json()
+            listed = body.get("urls") if "urls" in body else [w for w in body.get("workers", []) if w.get("is_healthy")]
+            if len(listed or []) >= n:
+                return
+        time.sleep(0.2)
+    raise ChimeraError(f"{kind.name} at {url} did not list its {n} workers within {READY_S:g} s; its log: {log}")
