@@ -45,6 +45,8 @@ def test_the_unseen_fleets_models_have_no_shipped_profile_and_their_sims_load():
 
 def test_verdicts_are_posted_where_the_gateway_keeps_a_predictor():
     cfg = load_config("examples/bench-unseen.yaml")
-    assert cfg.gateway.predictor is None
-    assert posts_feedback(cfg, "predictive") and "predictive" in USES_PREDICTOR
-    assert not posts_feedback(cfg, "least_outstanding")
+    assert cfg.gateway.predictor is not None  # it refits on the fleet's own traffic: every policy gets verdicts
+    assert posts_feedback(cfg, "least_outstanding")
+    bare = cfg.model_copy(update={"gateway": cfg.gateway.model_copy(update={"predictor": None})})
+    assert posts_feedback(bare, "predictive") and "predictive" in USES_PREDICTOR
+    assert not posts_feedback(bare, "least_outstanding")
