@@ -208,7 +208,7 @@ def test_the_hidden_fields_also_ride_in_metadata(sim_server: SimServer, sim_prof
         r = client.chat.completions.create(model="sim-test", messages=[{"role": "user", "content": "hi"}],
                                            max_tokens=50, metadata=meta)  # fmt: skip
         assert r.usage.completion_tokens == 7  # the length came from metadata.sim (max_tokens is 50)
-        with pytest.raises(openai.BadRequestError, match="metadata.sim must be a JSON object"):
+        with pytest.raises(openai.BadRequestError, match=r"metadata\.sim must be a JSON object"):
             client.chat.completions.create(model="sim-test", messages=[{"role": "user", "content": "hi"}],
                                            metadata={"sim": "{not json"})  # fmt: skip
 

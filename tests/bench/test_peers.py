@@ -107,8 +107,9 @@ def test_the_bench_cli_says_a_wrong_peer_in_one_line(tmp_path: Path):
 def test_the_overhead_workload_measures_each_peer_streamed_and_not(tmp_path: Path):
     from chimera_bench.overhead import run_overhead
 
+    routers = ("vllm-router:round_robin", "litellm:simple-shuffle")
     entries = run_overhead(rates=(20.0,), duration_s=1.0, warmup_s=0.5, out=str(tmp_path), pin=False,
-                           peers=("vllm-router:round_robin", "litellm:simple-shuffle"), streams=(True, False))  # fmt: skip
+                           peers=routers, streams=(True, False))  # fmt: skip
     assert [(e["policy"], e["stream"]) for e in entries] == [
         (name, stream) for stream in (True, False)
         for name in ("round_robin", "vllm-router:round_robin", "litellm:simple-shuffle")
