@@ -115,16 +115,21 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def start(cmd: list[str], log_file: Path, cpu: int | None = None) -> subprocess.Popen[bytes]:
-    """Start a server process logging to ``log_file``, pinned to ``cpu`` (as ``taskset -c CPU``)."""
+def start(
+    cmd: list[str], log_file: Path, cpu: int | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a server process logging to ``log_file``, pinned to ``cpu`` before it runs (as ``taskset -c CPU``:
+    every thread it starts, and a runtime's count of cores, keeps to that core)."""
     from router.serve import die_with_parent
 
+    def setup() -> None:  # in the child, before exec
+        die_with_parent()  # a bench killed outright (SIGKILL, OOM) takes its servers with it
+        if cpu is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {cpu})
+
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    with log_file.open("ab") as err:  # a bench killed outright (SIGKILL, OOM) takes its servers with it
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=die_with_parent)
-    if cpu is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(proc.pid, {cpu})
-    return proc
+    with log_file.open("ab") as err:
+        return subprocess.Popen(cmd, stdout=err, stderr=err, env=env, preexec_fn=setup)
 
 
 def wait_replicas(

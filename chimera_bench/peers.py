@@ -29,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from pathlib import Path
 import httpx
 
 from backends.listen import free_port, wait_ready
+from chimera_bench import gateway_proc
 from router.core.config import Config
 from router.core.errors import ChimeraError, ConfigError
 
@@ -180,7 +182,7 @@ def running(spec: str, cfg: Config, logs: Path, tag: str, cpu: int | None = None
         (logs / f"peer-{tag}.json").write_text(json.dumps({"peer": spec, "commands": commands}, indent=1) + "\n")
         for cmd, url in zip(commands, fronts.values(), strict=True):
             log = logs / f"peer-{tag}-{len(procs)}.log"
-            procs.append((_start(cmd, log, env, cpu), url, log))
+            procs.append((gateway_proc.start(cmd, log, cpu, env), url, log))
         for proc, url, log in procs:
             wait_ready(url + ("/health/liveliness" if kind.name == "litellm" else "/readiness"), READY_S,
                        proc=proc, log_file=log)  # fmt: skip
@@ -189,30 +191,12 @@ def running(spec: str, cfg: Config, logs: Path, tag: str, cpu: int | None = None
                 _wait_workers(kind, url, sum(b.model == model for b in cfg.backends), proc, log)
         yield routes(kind, cfg, fronts)
     finally:
-        from chimera_bench import gateway_proc
-
         for proc, _, _ in procs:
             gateway_proc.stop(proc)
 
 
-def _start(cmd: list[str], log: Path, env: dict[str, str], cpu: int | None) -> subprocess.Popen[bytes]:
-    """The router's process, dying with the bench, pinned to ``cpu`` before it runs (so that every thread it
-    starts, and a Rust runtime's count of them, keeps to that core)."""
-    from router.serve import die_with_parent
-
-    def setup() -> None:
-        die_with_parent()
-        if cpu is not None and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, {cpu})
-
-    with log.open("ab") as err:
-        return subprocess.Popen(cmd, stdout=err, stderr=err, env=env, preexec_fn=setup)
-
-
 def _wait_workers(kind: PeerKind, url: str, n: int, proc: subprocess.Popen[bytes], log: Path) -> None:
     """Until the router lists ``n`` healthy workers (its readiness passes with the first one)."""
-    import time
-
     path = "/list_workers" if kind.name == "vllm-router" else "/workers"
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
