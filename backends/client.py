@@ -10,21 +10,24 @@ The client is ``httpx2`` (pydantic's maintained successor of httpx, same API; th
 uses it too) and the one :func:`make_http_client` builds sends through
 :class:`backends.transport.AiohttpTransport`: httpcore's pool polls every idle connection on each
 request, and with it the client side of a proxied request cost ~3x aiohttp's (docs/benchmarks.md,
-"Gateway overhead"). ``httpx`` below means ``httpx2``.
+"Gateway overhead"). Given that transport (``direct``), :class:`WorkerClient` sends the gateway's
+requests straight through it and reads aiohttp's answer: httpx's client, request and response
+objects then cost nothing on the hot path. ``httpx`` below means ``httpx2``.
 
-Every httpx error is translated here into a :class:`router.core.errors.WorkerError` subclass
-(``raise ... from exc``); nothing above this module sees httpx exceptions.
+Every httpx or aiohttp error is translated here into a :class:`router.core.errors.WorkerError`
+subclass (``raise ... from exc``); nothing above this module sees their exceptions.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import NoReturn
 
+import aiohttp
 import httpx2 as httpx
 
-from backends.transport import AT_EOF, WORKER_KEEPALIVE_S, AiohttpTransport
+from backends.transport import AT_EOF, WORKER_KEEPALIVE_S, AiohttpTransport, httpx_error
 from router.core.config import BackendConfig, Timeouts
 from router.core.errors import (
     WorkerConnectError,
@@ -37,11 +40,16 @@ from router.core.errors import (
 MAX_ERROR_BODY = 64 * 1024  # how much of a worker's 5xx body is kept for the error message
 
 
-def make_http_client(timeouts: Timeouts) -> httpx.AsyncClient:
-    """The gateway's pooled client. Read deadlines are enforced per phase by :class:`WorkerClient`;
-    httpx's own read timeout is only a backstop."""
+def worker_transport() -> AiohttpTransport:
+    """The gateway's pool of worker connections."""
+    return AiohttpTransport(httpx.Limits(max_connections=4096, keepalive_expiry=WORKER_KEEPALIVE_S))
+
+
+def make_http_client(timeouts: Timeouts, transport: AiohttpTransport | None = None) -> httpx.AsyncClient:
+    """The gateway's pooled client over ``transport`` (a new :func:`worker_transport` by default). Read
+    deadlines are enforced per phase by :class:`WorkerClient`; httpx's own read timeout is only a backstop."""
     return httpx.AsyncClient(
-        transport=AiohttpTransport(httpx.Limits(max_connections=4096, keepalive_expiry=WORKER_KEEPALIVE_S)),
+        transport=transport or worker_transport(),
         timeout=httpx.Timeout(
             connect=timeouts.connect_s,
             read=max(timeouts.first_byte_s, timeouts.between_chunks_s, timeouts.response_s) + 1.0,
@@ -67,35 +75,61 @@ def _translate(exc: httpx.HTTPError, backend: str, *, before_first_byte: bool) -
 
 
 class WorkerResponse:
-    """A worker's answer whose headers and first body chunk have arrived. Close it (``aclose``)."""
+    """A worker's answer whose headers and first body chunk have arrived. Close it (``aclose``).
+
+    Made from aiohttp's answer (:meth:`from_aiohttp`, the gateway's own client) or httpx's
+    (:meth:`from_httpx`, an injected client); either way the body comes through ``read`` (an
+    awaitable of the next bytes, empty or None at the end) and errors mid-body as WorkerErrors."""
 
     def __init__(
-        self, backend: str, response: httpx.Response, first_chunk: bytes, more: bool, between_chunks_s: float
-    ) -> None:
+        self, backend: str, status_code: int, headers: Mapping[str, str], between_chunks_s: float,
+        read: Callable[[], Awaitable[bytes | None]], at_eof: Callable[[], bool] | None,
+        close: Callable[[], Awaitable[None]],
+    ) -> None:  # fmt: skip
         self.backend = backend
-        self.status_code = response.status_code
-        self.headers = response.headers
-        self.first_chunk = first_chunk
-        self._response = response
-        # Workers are asked for identity encoding, but should one compress anyway, aiter_bytes
-        # decodes, so the client gets plain bytes (the gateway does not pass content-encoding).
-        # Otherwise aiter_raw: the same bytes through two fewer generator layers per chunk (but
-        # only aiter_bytes serves a body already read, as a mock transport's may be).
-        whole = "content-encoding" in response.headers or response.is_stream_consumed
-        self._iter = response.aiter_bytes() if whole else response.aiter_raw()
-        # Raw bytes from our own transport can tell, without a read, that the body has ended (the
-        # worker's last bytes came with what was just read): the proxy then sends its last chunk
-        # and the end of its own answer in one write, and skips a read that would only say "end".
-        self._at_eof: Callable[[], bool] | None = None if whole else response.extensions.get(AT_EOF)
-        self._more = more
+        self.status_code = status_code
+        self.headers = headers
+        self.first_chunk = b""
+        self._read, self._at_eof, self._close = read, at_eof, close
+        self._more = True
         self._between_s = between_chunks_s
 
     @classmethod
-    async def _open(cls, backend: str, response: httpx.Response, between_chunks_s: float) -> WorkerResponse:
-        self = cls(backend, response, b"", True, between_chunks_s)
-        first = await anext(self._iter, None)
-        self.first_chunk = first or b""
-        self._more = first is not None
+    def from_aiohttp(cls, backend: str, response: aiohttp.ClientResponse, between_chunks_s: float) -> WorkerResponse:
+        content = response.content
+
+        async def close() -> None:
+            # close() drops the connection, release() hands it back to the pool: only a body read to its
+            # end leaves the connection reusable (closing is how a worker learns a request was abandoned).
+            if content.is_eof():
+                response.release()
+            else:
+                response.close()
+
+        return cls(backend, response.status, response.headers, between_chunks_s, content.readany, content.at_eof,
+                   close)  # fmt: skip
+
+    @classmethod
+    def from_httpx(cls, backend: str, response: httpx.Response, between_chunks_s: float) -> WorkerResponse:
+        # Workers are asked for identity encoding, but should one compress anyway, aiter_bytes
+        # decodes, so the client gets plain bytes (the gateway does not pass content-encoding).
+        # Otherwise aiter_raw: the same bytes through two fewer generator layers per chunk (but
+        # only aiter_bytes serves a body already read, as a mock transport's may be). Raw bytes from
+        # our own transport tell, without a read, whether the body has ended (AT_EOF).
+        whole = "content-encoding" in response.headers or response.is_stream_consumed
+        chunks = response.aiter_bytes() if whole else response.aiter_raw()
+
+        async def close() -> None:
+            await chunks.aclose()
+            await response.aclose()
+
+        at_eof = None if whole else response.extensions.get(AT_EOF)
+        return cls(backend, response.status_code, response.headers, between_chunks_s,
+                   lambda: anext(chunks, None), at_eof, close)  # fmt: skip
+
+    async def _first(self) -> WorkerResponse:
+        self.first_chunk = await self._read() or b""
+        self._more = bool(self.first_chunk)
         return self
 
     @property
@@ -105,7 +139,8 @@ class WorkerResponse:
     @property
     def ended(self) -> bool:
         """True when no body byte is left to read (known without reading where the transport
-        tells; otherwise once :meth:`next_chunk` has answered None)."""
+        tells: the proxy then sends its last chunk and the end of its own answer in one write;
+        otherwise once :meth:`next_chunk` has answered None)."""
         if self._more and self._at_eof is not None and self._at_eof():
             self._more = False
         return not self._more
@@ -117,16 +152,21 @@ class WorkerResponse:
             return None
         try:
             async with asyncio.timeout(self._between_s):
-                chunk = await anext(self._iter, None)
+                chunk = await self._read()
         except TimeoutError as exc:
+            if isinstance(exc, aiohttp.ClientError):  # aiohttp's socket timeout is a TimeoutError too
+                raise _translate(httpx_error(exc), self.backend, before_first_byte=False) from exc
             raise WorkerTimeout(
                 f"worker {self.backend} sent nothing for {self._between_s:g}s mid-response",
                 backend=self.backend, before_first_byte=False,
             ) from exc  # fmt: skip
+        except aiohttp.ClientError as exc:
+            raise _translate(httpx_error(exc), self.backend, before_first_byte=False) from exc
         except httpx.HTTPError as exc:
             raise _translate(exc, self.backend, before_first_byte=False) from exc
-        if chunk is None:
+        if not chunk:
             self._more = False
+            return None
         return chunk
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -144,16 +184,19 @@ class WorkerResponse:
     async def aclose(self) -> None:
         # Closing an unfinished response closes its connection, which is how a worker learns that
         # the request was abandoned (vLLM then aborts it).
-        await self._iter.aclose()
-        await self._response.aclose()
+        await self._close()
 
 
 class WorkerClient:
-    """Sends requests to workers over an injected pooled client (not owned: the caller closes it)."""
+    """Sends requests to workers over an injected pooled client (not owned: the caller closes it).
+    ``direct``: that client's :class:`AiohttpTransport`, where it has one (what :func:`make_http_client`
+    builds); requests then go straight through it, past httpx's objects."""
 
-    def __init__(self, client: httpx.AsyncClient, timeouts: Timeouts) -> None:
+    def __init__(self, client: httpx.AsyncClient, timeouts: Timeouts, direct: AiohttpTransport | None = None) -> None:
         self._client = client
         self._timeouts = timeouts
+        self._direct = direct
+        self._direct_timeout = direct.timeout(client.timeout.as_dict()) if direct is not None else None
         self._urls: dict[tuple[str, str], tuple[httpx.URL, bytes]] = {}  # (URL, Host) per worker and path
 
     async def open(
@@ -166,13 +209,52 @@ class WorkerClient:
         Raises :class:`WorkerStatusError` for a 5xx and another :class:`WorkerError` for a
         connect error, a timeout, or a broken or empty 2xx answer, all with ``before_first_byte=True``.
         """
+        limit = self._timeouts.first_byte_s if stream else self._timeouts.response_s
+        opened = await (self._open_direct if self._direct is not None else self._open_httpx)(
+            backend, path, body, headers, limit
+        )
+        if opened.status_code >= 500:
+            await self._raise_status(opened)
+        if opened.status_code < 300 and not opened.first_chunk:
+            await opened.aclose()
+            raise WorkerProtocolError(f"worker {backend.name} answered {opened.status_code} with no body",
+                                      backend=backend.name)  # fmt: skip
+        return opened
+
+    async def _open_direct(
+        self, backend: BackendConfig, path: str, body: bytes, headers: Mapping[str, str], limit: float
+    ) -> WorkerResponse:
+        direct, between = self._direct, self._timeouts.between_chunks_s
+        assert direct is not None and self._direct_timeout is not None
+        response: aiohttp.ClientResponse | None = None
+        try:
+            async with asyncio.timeout(limit):
+                response = await direct.post(backend.url + path, headers, body, self._direct_timeout)
+                if "content-encoding" in response.headers:  # httpx decodes it (workers are asked for identity)
+                    return await WorkerResponse.from_httpx(backend.name, direct.as_httpx(response), between)._first()
+                return await WorkerResponse.from_aiohttp(backend.name, response, between)._first()
+        except aiohttp.ClientError as exc:  # before TimeoutError: aiohttp's socket timeout is one too
+            if response is not None:
+                response.close()
+            raise _translate(httpx_error(exc), backend.name, before_first_byte=True) from exc
+        except TimeoutError as exc:
+            if response is not None:
+                response.close()
+            raise WorkerTimeout(f"worker {backend.name} sent no byte within {limit:g}s", backend=backend.name) from exc
+        except BaseException:
+            if response is not None:
+                response.close()
+            raise
+
+    async def _open_httpx(
+        self, backend: BackendConfig, path: str, body: bytes, headers: Mapping[str, str], limit: float
+    ) -> WorkerResponse:
         request = self._request(backend, path, body, headers)
         response: httpx.Response | None = None
-        limit = self._timeouts.first_byte_s if stream else self._timeouts.response_s
         try:
             async with asyncio.timeout(limit):
                 response = await self._client.send(request, stream=True)
-                opened = await WorkerResponse._open(backend.name, response, self._timeouts.between_chunks_s)
+                return await WorkerResponse.from_httpx(backend.name, response, self._timeouts.between_chunks_s)._first()
         except TimeoutError as exc:
             await _close_quietly(response)
             raise WorkerTimeout(f"worker {backend.name} sent no byte within {limit:g}s", backend=backend.name) from exc
@@ -182,13 +264,6 @@ class WorkerClient:
         except BaseException:
             await _close_quietly(response)
             raise
-        if opened.status_code >= 500:
-            await self._raise_status(opened)
-        if opened.status_code < 300 and not opened.first_chunk:
-            await opened.aclose()
-            raise WorkerProtocolError(f"worker {backend.name} answered {opened.status_code} with no body",
-                                      backend=backend.name)  # fmt: skip
-        return opened
 
     def _request(self, backend: BackendConfig, path: str, body: bytes, headers: Mapping[str, str]) -> httpx.Request:
         """The request, whole: sent as it is, without the client's default headers and cookies (a

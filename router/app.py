@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from backends.client import WorkerClient, make_http_client
+from backends.client import WorkerClient, make_http_client, worker_transport
 from backends.prober import Prober
 from router import edge, feedback, fleet_api, openapi
 from router.admission import AdmissionController
@@ -69,9 +69,10 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[Mapping[str, Any]]:
         async with contextlib.AsyncExitStack() as stack:
-            client = http_client
-            if client is None:
-                client = make_http_client(config.gateway.timeouts)
+            client, direct = http_client, None
+            if client is None:  # the gateway's own: its requests to workers go straight through the transport
+                direct = worker_transport()
+                client = make_http_client(config.gateway.timeouts, direct)
                 stack.push_async_callback(client.aclose)
             fleet = state or create_state(config)
             if runtime is not None:
@@ -91,7 +92,7 @@ def create_app(
                 stack.push_async_callback(runtime.close)
             gateway = Gateway(
                 config=config,
-                workers=WorkerClient(client, config.gateway.timeouts),
+                workers=WorkerClient(client, config.gateway.timeouts, direct),
                 state=fleet,
                 policy=chosen,
                 policy_name=policy_name,

@@ -16,6 +16,7 @@ A model whose workers never report usage keeps the prior.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,9 +160,9 @@ def prompt_counts(
 class RateFit:
     """One model's rates: exponentially weighted ridge regression towards the prior on relative error, i.e.
     minimise ``sum_i decay**age_i * ((x_i . r - y_i) / y_i)**2 + sum_k precision_k * (r_k - prior_k)**2`` over
-    ``r >= 0``. Kept as its sufficient statistics (a 15 x 15 matrix and a vector), so an observation costs a
-    rank-one update and a refit one small solve: nothing grows with the traffic. A kind never seen keeps its
-    prior rate exactly."""
+    ``r >= 0``. Kept as its sufficient statistics (a 15 x 15 matrix and a vector), so a refit is one small
+    solve and nothing grows with the traffic. An observation only keeps its row: the rows since the last
+    refit are folded into the statistics there, in one product. A kind never seen keeps its prior rate exactly."""
 
     def __init__(self, prior: np.ndarray = PRIOR_RATES, precision: np.ndarray | None = None,
                  decay: float = 0.998) -> None:  # fmt: skip
@@ -169,20 +170,30 @@ class RateFit:
         self.precision = PRIOR_REQUESTS * (TYPICAL_COUNTS / TYPICAL_TOKENS) ** 2 if precision is None else precision
         self._gram = np.zeros((N_KINDS, N_KINDS))
         self._moment = np.zeros(N_KINDS)
+        self._rows: list[np.ndarray] = []  # observed since the last fold
         self.rates_ = prior
         self.observed_ = 0
 
     def observe(self, kinds: np.ndarray, tokens: float) -> None:
-        w = kinds / tokens  # a row of the relative-error problem (its target is 1)
-        self._gram *= self.decay
-        self._gram += np.outer(w, w)
-        self._moment *= self.decay
-        self._moment += w
+        self._rows.append(kinds / tokens)  # a row of the relative-error problem (its target is 1)
         self.observed_ += 1
+
+    def _fold(self) -> None:
+        if not self._rows:
+            return
+        rows = np.array(self._rows)
+        self._rows = []
+        weights = self.decay ** np.arange(len(rows) - 1, -1, -1, dtype=float)  # the newest row weighs 1
+        shrink = self.decay ** len(rows)
+        self._gram *= shrink
+        self._gram += (rows.T * weights) @ rows
+        self._moment *= shrink
+        self._moment += weights @ rows
 
     def refit(self) -> np.ndarray:
         """Solve for the rates (the normal equations, variables held at 0 while the solution would make them
         negative) and keep them in ``rates_``, swapped in one store."""
+        self._fold()
         a = self._gram + np.diag(self.precision)
         b = self._moment + self.precision * self.prior
         free = np.ones(N_KINDS, dtype=bool)
@@ -202,14 +213,16 @@ MAX_MODELS = 256  # models calibrated per gateway; beyond, the others keep the p
 # A count further than this from the current estimate (either way) is not learned from: more likely a bug, or a
 # tokenizer of whole words (a word-level test model counts a Chinese sentence as one token), than a BPE's count.
 MAX_RATIO, SLACK_TOKENS = 4.0, 16
-_REFIT_EVERY = 8  # after the first 16 observations of a model, refit every so many
+# after a model's first 16 observations, refit every 8 of them up to its 256th, then every 64
+_REFIT_EVERY = ((256, 8), (sys.maxsize, 64))
 
 
 class PromptLengths:
     """The per-model calibration of the prompt estimate, held by one gateway process (its replicas each
     learn their own, from the answers they relay). Estimates and observations run on the event loop: an
-    observation is a rank-one update (~10 us), a refit a 15 x 15 solve done inline every few observations, and
-    a model's ``rates_`` is replaced, never changed in place, so a reader on any thread sees one whole vector."""
+    observation keeps one row, a refit folds the rows in and solves a 15 x 15 system, inline, every few
+    observations (ever fewer as the model's count grows: its rates have settled by then), and a model's
+    ``rates_`` is replaced, never changed in place, so a reader on any thread sees one whole vector."""
 
     def __init__(self, prior: np.ndarray = PRIOR_RATES) -> None:
         self.prior = prior
@@ -240,7 +253,7 @@ class PromptLengths:
             fit = self._fits[model] = RateFit(self.prior)
         fit.observe(counts.kinds, float(tokens))
         n = fit.observed_
-        if n <= 16 or n % _REFIT_EVERY == 0:
+        if n <= 16 or n % next(every for upto, every in _REFIT_EVERY if n <= upto) == 0:
             fit.refit()
 
     def snapshot(self) -> dict[str, dict[str, float]]:

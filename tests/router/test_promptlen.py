@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 from router.features import parse_body
-from router.promptlen import KINDS, N_KINDS, PRIOR_RATES, PromptCounts, PromptLengths, char_counts, prompt_counts
+from router.promptlen import (
+    KINDS,
+    N_KINDS,
+    PRIOR_RATES,
+    PromptCounts,
+    PromptLengths,
+    RateFit,
+    char_counts,
+    prompt_counts,
+)
 from tests import qwen_bpe
 from tests.multilingual import CODE, EN, JA, KO, LANGUAGES, ZH, ZH_CODE
 
@@ -131,3 +140,29 @@ def test_exact_token_ids_are_not_calibrated() -> None:
     assert lengths.estimate(ids, ("m",)) == 100
     lengths.observe("m", ids, 100)  # nothing left to learn from
     assert lengths.snapshot() == {}
+
+
+def test_rows_folded_at_a_refit_are_one_decayed_update_per_row() -> None:
+    """An observation only keeps its row; a refit folds the rows in. The statistics, and so the rates, are
+    those of a rank-one update per observation, in order, however far apart the refits are."""
+    rng = np.random.default_rng(0)
+    each, batched = RateFit(decay=0.99), RateFit(decay=0.99)
+    for i in range(100):
+        kinds, tokens = rng.random(N_KINDS) * 50, float(rng.integers(10, 200))
+        each.observe(kinds, tokens)
+        each.refit()
+        batched.observe(kinds, tokens)
+        if i % 7 == 0:
+            batched.refit()
+    batched.refit()
+    np.testing.assert_allclose(batched.rates_, each.rates_, rtol=1e-9)
+    expected = sum(0.99 ** (99 - i) * np.outer(w, w) for i, w in enumerate(_rows(np.random.default_rng(0), 100)))
+    np.testing.assert_allclose(batched._gram, expected, rtol=1e-9)
+
+
+def _rows(rng: np.random.Generator, n: int) -> list[np.ndarray]:
+    out = []
+    for _ in range(n):
+        kinds, tokens = rng.random(N_KINDS) * 50, float(rng.integers(10, 200))
+        out.append(kinds / tokens)
+    return out
