@@ -88,7 +88,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         "reported as a row beside --policies: vllm-router:{round_robin,cache_aware,power_of_two,consistent_hash}, "
         "sglang-router:{round_robin,cache_aware,power_of_two}, litellm:{simple-shuffle,least-busy,"
         "latency-based-routing} (pip install 'chimera-router[peers]'; chimera_bench/peers.py says what each is "
-        "given)",
+        "given); overhead only: floor, the server and client chimera is built on with nothing of its own",
     )  # fmt: skip
     b.add_argument(
         "--costs", type=_csv(float, "numbers"), metavar="W1,W2,...",
@@ -171,7 +171,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("give --rate or --users, not both", key="--users")
     if args.workload == "overhead" and args.costs:
         raise ConfigError("the overhead workload has no policies to sweep", key="--costs")
-    if args.peers and args.replicas != 1:
+    if args.peers and args.replicas != 1 and args.workload != "overhead":  # (overhead: chimera's row only)
         raise ConfigError("a peer runs as its users run it; --replicas is chimera's", key="--replicas")
     if args.stream is not None and args.workload != "overhead":
         raise ConfigError("only the overhead workload's requests are set here (the others stream, as agents do)",
@@ -191,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
 
         streams = {"on": (True,), "off": (False,), "both": (True, False)}[args.stream or "on"]
         run_overhead(rates=args.rate or (200.0,), duration_s=args.duration, warmup_s=args.warmup, out=args.out,
-                     pin=not args.no_pin, seed=seeds[0], peers=tuple(args.peers), streams=streams)  # fmt: skip
+                     pin=not args.no_pin, seed=seeds[0], peers=tuple(args.peers), streams=streams,
+                     replicas=args.replicas)  # fmt: skip
         return 0
     if not args.config:
         raise ConfigError("--config is required for this workload", key="--config")

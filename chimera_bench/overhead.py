@@ -5,9 +5,14 @@ small streamed chat requests goes to it directly and then through a gateway, at 
 client is a bare asyncio HTTP/1.1 client (keep-alive pool of at most 128 connections, chunked
 bodies) so that it stays far cheaper than what it measures. Latency runs from a request's
 *scheduled* arrival to the end of its body (no coordinated omission: a saturated server shows
-as queueing). Pinning (Linux ``sched_setaffinity``, what ``taskset -c`` does): the gateway on
-core 0, the worker and the client on core 1. Finally the gateway is run once more under cProfile
-at the first rate, and its profile is written to ``DIR/gateway-profile.{prof,txt}``.
+as queueing). Pinning (Linux ``sched_setaffinity``, what ``taskset -c`` does): the router on the
+first core (``--replicas N``: chimera's N processes, sharing its port, on the first N cores), the
+client on the next, the worker on the one after where there is one, else with the client. Each
+router's saturation rate, the highest rate of the sweep it holds (throughput within 1 % of the
+worker's own on the same arrivals, no error, p99 under 50 ms), goes to ``DIR/saturation.json``. ``--peers floor``
+adds :mod:`chimera_bench.floorproxy`, the server and client the gateway is built on with nothing
+of its own. Finally the gateway is run once more under cProfile at the first rate, and its profile
+is written to ``DIR/gateway-profile.{prof,txt}``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from backends.listen import free_port, wait_ready
 from chimera_bench import gateway_proc
 from chimera_bench.stats import quantiles
 
+FLOOR = "floor"  # the peer name of chimera_bench.floorproxy
 MAX_CONNECTIONS = 128  # like `vllm bench serve --max-concurrency`: an overloaded server queues, not drowns
 _PROMPT = [{"role": "user", "content": "say eight short words about routers please"}]
 
@@ -145,31 +151,35 @@ async def offer(
 
 def run_overhead(
     *, rates: tuple[float, ...], duration_s: float, warmup_s: float, out: str, pin: bool = True, seed: int = 0,
-    peers: tuple[str, ...] = (), streams: tuple[bool, ...] = (True,),
+    peers: tuple[str, ...] = (), streams: tuple[bool, ...] = (True,), replicas: int = 1,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """At each rate and for each of ``streams`` (streamed, non-streamed): the worker directly, then through
-    chimera (round robin), then through each of ``peers`` (``NAME:POLICY``, bench.peers) on the same core."""
+    chimera (round robin; ``replicas`` processes), then through each of ``peers`` (``NAME:POLICY``,
+    bench.peers, or ``floor``) on the first core."""
     from rich.console import Console
 
     from chimera_bench import peers as peer_mod
     from router.core.config import load_config
 
     for spec in peers:
-        peer_mod.check_installed(peer_mod.parse(spec)[0])
+        if spec != FLOOR:
+            peer_mod.check_installed(peer_mod.parse(spec)[0])
     console = Console(stderr=True)
     dest = Path(out)
     (dest / "logs").mkdir(parents=True, exist_ok=True)
     wport, gport = free_port(), free_port()
     cfg_path = dest / "overhead-config.yaml"
     cfg_path.write_text(CONFIG.format(gw_port=gport, worker_port=wport), encoding="utf-8")
-    can_pin = pin and hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
+    can_pin = pin and hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= replicas + 1
     cores = sorted(os.sched_getaffinity(0)) if can_pin else []
-    gw_cpu, client_cpu = (cores[0], cores[1]) if can_pin else (None, None)
+    gw_cpus: list[int | None] = list(cores[:replicas]) if can_pin else [None] * replicas
+    gw_cpu, client_cpu = gw_cpus[0], cores[replicas] if can_pin else None
+    worker_cpu = cores[replicas + 1] if len(cores) > replicas + 1 else client_cpu
     worker_url, gw_url = f"http://127.0.0.1:{wport}", f"http://127.0.0.1:{gport}"
     entries: list[dict[str, Any]] = []
     before = os.sched_getaffinity(0) if can_pin else None
     worker = gateway_proc.start([sys.executable, "-m", "chimera_bench.fastworker", "--port", str(wport)],
-                                dest / "logs" / "fastworker.log", cpu=client_cpu)  # fmt: skip
+                                dest / "logs" / "fastworker.log", cpu=worker_cpu)  # fmt: skip
     try:
         wait_ready(worker_url + "/health", proc=worker)
         if client_cpu is not None:
@@ -179,24 +189,31 @@ def run_overhead(
             for stream in streams:
                 payload = body(stream)
                 direct = asyncio.run(offer(worker_url, rate, duration_s, warmup_s, seed, payload))
-                with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-overhead.log", gw_cpu, None):
+                with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-overhead.log", gw_cpus, None):
                     via = asyncio.run(offer(gw_url, rate, duration_s, warmup_s, seed, payload))
-                rows = [("round_robin", via)]
+                rows = [("round_robin" if replicas == 1 else f"round_robin x{replicas}", via)]
                 for spec in peers:
+                    if spec == FLOOR:
+                        with _floor(worker_url, dest / "logs" / "floor.log", gw_cpu) as url:
+                            rows.append((FLOOR, asyncio.run(offer(url, rate, duration_s, warmup_s, seed, payload))))
+                        continue
                     tag = f"overhead-{spec.replace(':', '-')}-{rate:g}-{'s' if stream else 'n'}"
                     with peer_mod.running(spec, fleet, dest / "logs", tag, cpu=gw_cpu) as routes:
                         route = routes["chat"]
                         rows.append((spec, asyncio.run(offer(route.url, rate, duration_s, warmup_s, seed,
                                                              body(stream, route.model), route.api_key))))  # fmt: skip
                 for name, measured in rows:
-                    entries.append(_entry(rate, direct, measured, duration_s, warmup_s, can_pin, cores, name, stream))
+                    entries.append(_entry(rate, direct, measured, duration_s, warmup_s, can_pin, cores, name, stream,
+                                          replicas))  # fmt: skip
                     console.print(
                         f"overhead {name} rate={rate:g} {'streamed' if stream else 'non-streamed'}: direct "
                         f"{direct['rps']} rps, p50 {direct['e2e_ms']['p50']} ms; through it {measured['rps']} rps, "
                         f"p50 {measured['e2e_ms']['p50']} ms; {measured['errors']} errors"
                     )
                 (dest / "results.json").write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
-        with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-profile.log", gw_cpu,
+                (dest / "saturation.json").write_text(json.dumps(saturation(entries), indent=1) + "\n",
+                                                      encoding="utf-8")  # fmt: skip
+        with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-profile.log", [gw_cpu],
                       str(dest / "gateway-profile")):  # fmt: skip
             asyncio.run(offer(gw_url, rates[0], duration_s, 0.0, seed))
     finally:
@@ -208,18 +225,59 @@ def run_overhead(
 
 
 @contextlib.contextmanager
-def _gateway(cfg: str, port: int, log: Path, cpu: int | None, profile: str | None) -> Any:
-    proc = gateway_proc.start(gateway_proc.command(cfg, port, policy=None, profile=profile), log, cpu=cpu)
+def _gateway(cfg: str, port: int, log: Path, cpus: list[int | None], profile: str | None) -> Any:
+    """One gateway process per entry of ``cpus`` (pinned there), sharing ``port`` where there are several."""
+    shared = len(cpus) > 1
+    procs = []
     try:
-        wait_ready(f"http://127.0.0.1:{port}/ready", proc=proc)
-        yield proc
+        for i, cpu in enumerate(cpus):
+            cmd = gateway_proc.command(cfg, port, policy=None, profile=profile, reuse_port=shared)
+            procs.append(gateway_proc.start(cmd, log.with_name(f"{log.stem}-{i}{log.suffix}") if shared else log,
+                                            cpu=cpu))  # fmt: skip
+            wait_ready(f"http://127.0.0.1:{port}/ready", proc=procs[-1])
+        yield procs
+    finally:
+        for proc in procs:
+            gateway_proc.stop(proc, timeout_s=30.0)
+
+
+@contextlib.contextmanager
+def _floor(worker_url: str, log: Path, cpu: int | None) -> Any:
+    port = free_port()
+    cmd = [sys.executable, "-m", "chimera_bench.floorproxy", "--port", str(port)]
+    proc = gateway_proc.start(cmd, log, cpu=cpu, env={**os.environ, "FLOOR_WORKER": worker_url})
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/health", proc=proc)
+        yield f"http://127.0.0.1:{port}"
     finally:
         gateway_proc.stop(proc, timeout_s=30.0)
 
 
+SATURATED_P99_MS = 50.0
+
+
+def saturation(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per router and stream setting: the highest rate it held (throughput within 1 % of the worker's direct,
+    no error, p99 under SATURATED_P99_MS), and the lowest it did not; None where the sweep had none."""
+    out = []
+    for key in dict.fromkeys((e["policy"], e.get("stream", True)) for e in entries):
+        runs = sorted((e for e in entries if (e["policy"], e.get("stream", True)) == key), key=lambda e: e["rate"])
+        held = [e["rate"] for e in runs if _held(e)]
+        failed = [e["rate"] for e in runs if not _held(e)]
+        out.append({"policy": key[0], "stream": key[1], "held_rps": max(held, default=None),
+                    "failed_rps": min(failed, default=None), "p99_limit_ms": SATURATED_P99_MS})  # fmt: skip
+    return out
+
+
+def _held(e: dict[str, Any]) -> bool:
+    p99 = e["e2e_ms"]["p99"]
+    ratio = e["throughput_ratio"]  # against the worker direct, on the same arrivals
+    return not e["errors"] and ratio is not None and ratio >= 0.99 and p99 is not None and p99 < SATURATED_P99_MS
+
+
 def _entry(
     rate: float, direct: dict[str, Any], via: dict[str, Any], duration_s: float, warmup_s: float, pinned: bool,
-    cores: list[int], policy: str = "round_robin", stream: bool = True,
+    cores: list[int], policy: str = "round_robin", stream: bool = True, replicas: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
     def added(q: str) -> float | None:
         a, b = via["e2e_ms"][q], direct["e2e_ms"][q]
@@ -240,9 +298,16 @@ def _entry(
         "config": {"workload": "overhead", "rate": rate, "duration_s": duration_s, "warmup_s": warmup_s,
                    "worker": f"chimera_bench.fastworker (8 tokens, {'streamed' if stream else 'one JSON body'})",
                    "client": "raw asyncio HTTP/1.1",
-                   "pinning": f"router on core {cores[0]}; worker and client on core {cores[1]}"
-                   if pinned else "none", "latency": "scheduled arrival to end of body; ttft_ms = e2e_ms"},
+                   "pinning": _pinning(cores, replicas) if pinned else "none",
+                   "latency": "scheduled arrival to end of body; ttft_ms = e2e_ms"},
     }  # fmt: skip
+
+
+def _pinning(cores: list[int], replicas: int) -> str:
+    router = f"router on core {cores[0]}" if replicas == 1 else f"chimera on cores {cores[0]}-{cores[replicas - 1]}"
+    if len(cores) > replicas + 1:
+        return f"{router}; client on core {cores[replicas]}; worker on core {cores[replicas + 1]}"
+    return f"{router}; worker and client on core {cores[replicas]}"
 
 
 def _print(entries: list[dict[str, Any]]) -> None:

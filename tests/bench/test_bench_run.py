@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from chimera_bench import client as bc
-from chimera_bench.overhead import offer, run_overhead
+from chimera_bench.overhead import offer, run_overhead, saturation
 from chimera_bench.runner import BenchSpec, run_bench
 from tests.redisutil import redis_prefix
 
@@ -60,6 +60,34 @@ def test_overhead_workload_fields(tmp_path: Path) -> None:
     assert e["errors"] == 0 and e["added_latency_ms"]["p50"] is not None
     assert json.loads((tmp_path / "results.json").read_text()) == entries
     assert "tottime" in (tmp_path / "gateway-profile.txt").read_text()
+
+
+def test_overhead_runs_the_floor_and_chimera_as_replicas_and_finds_where_each_saturates(tmp_path: Path) -> None:
+    """``floor`` (uvicorn + aiohttp, nothing of chimera's) and chimera as two processes on one port each relay
+    every request; saturation.json names, per router and stream setting, the highest rate each held."""
+    ROUTERS = ("round_robin x2", "floor")
+    entries = run_overhead(rates=(40.0, 80.0), duration_s=0.6, warmup_s=0.1, out=str(tmp_path), pin=False,
+                           peers=("floor",), streams=(True, False), replicas=2)  # fmt: skip
+    assert [(e["policy"], e["stream"], e["rate"]) for e in entries] == [
+        (name, stream, rate) for rate in (40.0, 80.0) for stream in (True, False) for name in ROUTERS
+    ]  # fmt: skip
+    for e in entries:
+        assert e["errors"] == 0 and e["requests"] > 10 and 0.8 < e["throughput_ratio"] < 1.2, e
+    held = json.loads((tmp_path / "saturation.json").read_text())
+    assert {(h["policy"], h["stream"]) for h in held} == {(n, s) for n in ROUTERS for s in (True, False)}
+    assert all(h["held_rps"] == 80.0 and h["failed_rps"] is None for h in held)  # a light load: every run held
+
+
+def test_saturation_is_the_highest_rate_held_with_a_short_tail() -> None:
+    def run(rate: float, ratio: float, p99: float, errors: int = 0) -> dict[str, Any]:
+        return {"policy": "r", "stream": True, "rate": rate, "throughput_ratio": ratio, "errors": errors,
+                "e2e_ms": {"p99": p99}}  # fmt: skip
+
+    runs = [run(1000, 1.0, 3.0), run(2000, 1.0, 49.0), run(3000, 1.0, 51.0), run(4000, 0.9, 900.0)]
+    assert saturation(runs) == [{"policy": "r", "stream": True, "held_rps": 2000, "failed_rps": 3000,
+                                 "p99_limit_ms": 50.0}]  # fmt: skip
+    (only,) = saturation([run(1000, 0.98, 3.0), run(2000, 1.0, 3.0, errors=1)])
+    assert only["held_rps"] is None and only["failed_rps"] == 1000
 
 
 async def test_overhead_client_resends_on_a_connection_the_server_closed_while_idle() -> None:
