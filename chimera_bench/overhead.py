@@ -144,7 +144,7 @@ async def offer(
         conn.writer.close()
     measured = [ms * 1000 for a, ms in lat if a >= warmup_s]
     finished = [a for a, ms in lat if warmup_s <= a + ms < horizon]
-    return {"requests": len(measured) + errors[0], "errors": errors[0], "error_kinds": dict(kinds),
+    return {"requests": len(measured) + errors[0], "sent": len(tasks), "errors": errors[0], "error_kinds": dict(kinds),
             "reconnects": reconnects[0],
             "rps": round(len(finished) / duration_s, 1), "e2e_ms": quantiles(measured)}  # fmt: skip
 
@@ -189,19 +189,19 @@ def run_overhead(
             for stream in streams:
                 payload = body(stream)
                 direct = asyncio.run(offer(worker_url, rate, duration_s, warmup_s, seed, payload))
-                with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-overhead.log", gw_cpus, None):
-                    via = asyncio.run(offer(gw_url, rate, duration_s, warmup_s, seed, payload))
+                with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-overhead.log", gw_cpus, None) as procs:
+                    via = _costed(procs, offer(gw_url, rate, duration_s, warmup_s, seed, payload))
                 rows = [("round_robin" if replicas == 1 else f"round_robin x{replicas}", via)]
                 for spec in peers:
                     if spec == FLOOR:
-                        with _floor(worker_url, dest / "logs" / "floor.log", gw_cpu) as url:
-                            rows.append((FLOOR, asyncio.run(offer(url, rate, duration_s, warmup_s, seed, payload))))
+                        with _floor(worker_url, dest / "logs" / "floor.log", gw_cpu) as (proc, url):
+                            rows.append((FLOOR, _costed([proc], offer(url, rate, duration_s, warmup_s, seed, payload))))
                         continue
                     tag = f"overhead-{spec.replace(':', '-')}-{rate:g}-{'s' if stream else 'n'}"
                     with peer_mod.running(spec, fleet, dest / "logs", tag, cpu=gw_cpu) as routes:
                         route = routes["chat"]
-                        rows.append((spec, asyncio.run(offer(route.url, rate, duration_s, warmup_s, seed,
-                                                             body(stream, route.model), route.api_key))))  # fmt: skip
+                        rows.append((spec, _costed(route.procs, offer(route.url, rate, duration_s, warmup_s, seed,
+                                                                      body(stream, route.model), route.api_key))))
                 for name, measured in rows:
                     entries.append(_entry(rate, direct, measured, duration_s, warmup_s, can_pin, cores, name, stream,
                                           replicas))  # fmt: skip
@@ -248,9 +248,31 @@ def _floor(worker_url: str, log: Path, cpu: int | None) -> Any:
     proc = gateway_proc.start(cmd, log, cpu=cpu, env={**os.environ, "FLOOR_WORKER": worker_url})
     try:
         wait_ready(f"http://127.0.0.1:{port}/health", proc=proc)
-        yield f"http://127.0.0.1:{port}"
+        yield proc, f"http://127.0.0.1:{port}"
     finally:
         gateway_proc.stop(proc, timeout_s=30.0)
+
+
+def _costed(procs: Any, run: Any) -> dict[str, Any]:
+    """``run`` (an ``offer``) to its end, and the CPU the router's processes spent on it per request sent."""
+    before = _cpu_s(procs)
+    got: dict[str, Any] = asyncio.run(run)
+    after = _cpu_s(procs)
+    spent = None if before is None or after is None or not got["sent"] else (after - before) / got["sent"]
+    got["cpu_us_per_request"] = None if spent is None else round(spent * 1e6, 1)
+    return got
+
+
+def _cpu_s(procs: Any) -> float | None:
+    """User + system CPU seconds of ``procs`` (every thread of each) so far; None where /proc does not tell."""
+    total = 0
+    for proc in procs:
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        total += int(fields[11]) + int(fields[12])  # utime, stime (after the name: fields 14 and 15 of proc(5))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 SATURATED_P99_MS = 50.0
@@ -291,6 +313,7 @@ def _entry(
         "output_tok_per_s": round(via["rps"] * 8, 1), "ttft_ms": via["e2e_ms"], "e2e_ms": via["e2e_ms"],
         "workflow_e2e_ms": via["e2e_ms"], "sla_attainment": None, "goodput_rps": None, "task_success": None,
         "added_latency_ms": {"p50": added("p50"), "p99": added("p99")},
+        "cpu_us_per_request": via.get("cpu_us_per_request"),  # the router's processes, warm-up included
         "direct_rps": direct["rps"], "gateway_rps": via["rps"],
         "throughput_ratio": round(via["rps"] / direct["rps"], 3) if direct["rps"] else None,
         "direct": {"requests": direct["requests"], "errors": direct["errors"], "error_kinds": direct["error_kinds"],
@@ -316,12 +339,12 @@ def _print(entries: list[dict[str, Any]]) -> None:
 
     t = Table(title="router overhead (zero-latency worker)", title_justify="left")
     heads = ("router", "rate", "stream", "direct rps", "via rps", "ratio", "direct p50", "via p50", "added p50",
-             "added p99", "err")  # fmt: skip
+             "added p99", "cpu us/req", "err")  # fmt: skip
     for h in heads:
         t.add_column(h, justify="right")
     for e in entries:
         t.add_row(e["policy"], f"{e['rate']:g}", "yes" if e.get("stream", True) else "no", str(e["direct_rps"]),
                   str(e["gateway_rps"]), str(e["throughput_ratio"]),
                   str(e["direct"]["e2e_ms"]["p50"]), str(e["e2e_ms"]["p50"]), str(e["added_latency_ms"]["p50"]),
-                  str(e["added_latency_ms"]["p99"]), str(e["errors"]))  # fmt: skip
+                  str(e["added_latency_ms"]["p99"]), str(e["cpu_us_per_request"]), str(e["errors"]))  # fmt: skip
     Console(width=160).print(t)
