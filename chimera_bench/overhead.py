@@ -6,7 +6,8 @@ client is a bare asyncio HTTP/1.1 client (keep-alive pool of at most 128 connect
 bodies) so that it stays far cheaper than what it measures. Latency runs from a request's
 *scheduled* arrival to the end of its body (no coordinated omission: a saturated server shows
 as queueing). Pinning (Linux ``sched_setaffinity``, what ``taskset -c`` does): the router on the
-first core (``--replicas N``: chimera's N processes, sharing its port, on the first N cores), the
+first core (``--replicas N``: chimera's N processes, each on a port of its own, on the first N cores,
+the client opening its connections to each in turn), the
 client on the next, the worker on the one after where there is one, else with the client. Each
 router's saturation rate, the highest rate of the sweep it holds (throughput within 1 % of the
 worker's own on the same arrivals, no error, p99 under 50 ms), goes to ``DIR/saturation.json``. ``--peers floor``
@@ -23,6 +24,7 @@ import contextlib
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -79,11 +81,15 @@ class _Conn:
 
 
 async def offer(
-    url: str, rate: float, duration_s: float, warmup_s: float, seed: int, payload: bytes = BODY, auth: str = ""
-) -> dict[str, Any]:
+    url: str, rate: float, duration_s: float, warmup_s: float, seed: int, payload: bytes = BODY, auth: str = "",
+    spread: tuple[str, ...] = (),
+) -> dict[str, Any]:  # fmt: skip
     """Poisson arrivals at ``rate``/s for ``warmup_s + duration_s``; stats over the measured part. ``payload``:
-    the request body (default: streamed, ``model: auto``); ``auth``: a bearer token to send."""
-    host, port = url.removeprefix("http://").split(":")
+    the request body (default: streamed, ``model: auto``); ``auth``: a bearer token to send; ``spread``: more
+    servers of the same service, new connections going to each in turn (as a load balancer sends them)."""
+    addresses = [(h, int(p)) for h, p in (u.removeprefix("http://").split(":") for u in (url, *spread))]
+    host = addresses[0][0]
+    opened = [0]
     key = f"authorization: Bearer {auth}\r\n" if auth else ""
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n{key}"
             f"content-length: {len(payload)}\r\n\r\n").encode() + payload  # fmt: skip
@@ -115,7 +121,8 @@ async def offer(
                     conn = None
                     reconnects[0] += at >= warmup_s
             if conn is None:
-                conn = _Conn(*await asyncio.open_connection(host, int(port)))
+                opened[0] += 1
+                conn = _Conn(*await asyncio.open_connection(*addresses[opened[0] % len(addresses)]))
                 await asyncio.wait_for(conn.request(head), timeout=10.0)
             lat.append((at, time.monotonic() - t0 - at))
             idle.append(conn)
@@ -190,7 +197,9 @@ def run_overhead(
                 payload = body(stream)
                 direct = asyncio.run(offer(worker_url, rate, duration_s, warmup_s, seed, payload))
                 with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-overhead.log", gw_cpus, None) as procs:
-                    via = _costed(procs, offer(gw_url, rate, duration_s, warmup_s, seed, payload))
+                    more = tuple(f"http://127.0.0.1:{port}" for _, port in procs[1:])
+                    via = _costed([proc for proc, _ in procs], offer(gw_url, rate, duration_s, warmup_s, seed,
+                                                                      payload, spread=more))  # fmt: skip
                 rows = [("round_robin" if replicas == 1 else f"round_robin x{replicas}", via)]
                 for spec in peers:
                     if spec == FLOOR:
@@ -226,18 +235,20 @@ def run_overhead(
 
 @contextlib.contextmanager
 def _gateway(cfg: str, port: int, log: Path, cpus: list[int | None], profile: str | None) -> Any:
-    """One gateway process per entry of ``cpus`` (pinned there), sharing ``port`` where there are several."""
-    shared = len(cpus) > 1
-    procs = []
+    """One gateway process per entry of ``cpus`` (pinned there), the first on ``port``, the others each on a port of
+    its own; yields each with its port. (Not one port shared with SO_REUSEPORT: where the kernel does not spread
+    the connections, as in some sandboxes, one process would take them all.)"""
+    procs: list[tuple[subprocess.Popen[bytes], int]] = []
     try:
         for i, cpu in enumerate(cpus):
-            cmd = gateway_proc.command(cfg, port, policy=None, profile=profile, reuse_port=shared)
-            procs.append(gateway_proc.start(cmd, log.with_name(f"{log.stem}-{i}{log.suffix}") if shared else log,
-                                            cpu=cpu))  # fmt: skip
-            wait_ready(f"http://127.0.0.1:{port}/ready", proc=procs[-1])
+            at = port if i == 0 else free_port()
+            cmd = gateway_proc.command(cfg, at, policy=None, profile=profile)
+            procs.append((gateway_proc.start(cmd, log.with_name(f"{log.stem}-{i}{log.suffix}") if i else log,
+                                             cpu=cpu), at))  # fmt: skip
+            wait_ready(f"http://127.0.0.1:{at}/ready", proc=procs[-1][0])
         yield procs
     finally:
-        for proc in procs:
+        for proc, _ in procs:
             gateway_proc.stop(proc, timeout_s=30.0)
 
 
