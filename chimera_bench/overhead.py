@@ -198,7 +198,7 @@ def run_overhead(
                 direct = asyncio.run(offer(worker_url, rate, duration_s, warmup_s, seed, payload))
                 with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-overhead.log", gw_cpus, None) as procs:
                     more = tuple(f"http://127.0.0.1:{port}" for _, port in procs[1:])
-                    via = _costed([proc for proc, _ in procs], offer(gw_url, rate, duration_s, warmup_s, seed,
+                    via = _costed([proc.pid for proc, _ in procs], offer(gw_url, rate, duration_s, warmup_s, seed,
                                                                       payload, spread=more))  # fmt: skip
                 rows = [("round_robin" if replicas == 1 else f"round_robin x{replicas}", via)]
                 for spec in peers:
@@ -209,7 +209,7 @@ def run_overhead(
                     tag = f"overhead-{spec.replace(':', '-')}-{rate:g}-{'s' if stream else 'n'}"
                     with peer_mod.running(spec, fleet, dest / "logs", tag, cpu=gw_cpu) as routes:
                         route = routes["chat"]
-                        rows.append((spec, _costed(route.procs, offer(route.url, rate, duration_s, warmup_s, seed,
+                        rows.append((spec, _costed(route.pids, offer(route.url, rate, duration_s, warmup_s, seed,
                                                                       body(stream, route.model), route.api_key))))
                 for name, measured in rows:
                     entries.append(_entry(rate, direct, measured, duration_s, warmup_s, can_pin, cores, name, stream,
@@ -264,22 +264,23 @@ def _floor(worker_url: str, log: Path, cpu: int | None) -> Any:
         gateway_proc.stop(proc, timeout_s=30.0)
 
 
-def _costed(procs: Any, run: Any) -> dict[str, Any]:
+def _costed(pids: Any, run: Any) -> dict[str, Any]:
     """``run`` (an ``offer``) to its end, and the CPU the router's processes spent on it per request sent."""
-    before = _cpu_s(procs)
+    before = _cpu_s(pids)
     got: dict[str, Any] = asyncio.run(run)
-    after = _cpu_s(procs)
+    after = _cpu_s(pids)
     spent = None if before is None or after is None or not got["sent"] else (after - before) / got["sent"]
     got["cpu_us_per_request"] = None if spent is None else round(spent * 1e6, 1)
     return got
 
 
-def _cpu_s(procs: Any) -> float | None:
-    """User + system CPU seconds of ``procs`` (every thread of each) so far; None where /proc does not tell."""
+def _cpu_s(pids: Any) -> float | None:
+    """User + system CPU seconds of the processes ``pids`` (every thread of each) so far; None where /proc does
+    not tell."""
     total = 0
-    for proc in procs:
+    for pid in pids:
         try:
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             return None
         total += int(fields[11]) + int(fields[12])  # utime, stime (after the name: fields 14 and 15 of proc(5))

@@ -96,7 +96,7 @@ class Route:
     url: str
     model: str
     api_key: str = ""  # a bearer token the router wants (LiteLLM's master key)
-    procs: tuple[subprocess.Popen[bytes], ...] = ()  # the router's processes (while it runs)
+    pids: tuple[int, ...] = ()  # the router's processes while it runs (a Route goes to client processes)
 
 
 def routes(kind: PeerKind, cfg: Config, fronts: dict[str, str]) -> dict[str, Route]:
@@ -191,8 +191,8 @@ def running(spec: str, cfg: Config, logs: Path, tag: str, cpu: int | None = None
         if kind.per_model:  # ready with one worker registered: wait for all of them
             for (proc, url, log), model in zip(procs, fronts, strict=True):
                 _wait_workers(kind, url, sum(b.model == model for b in cfg.backends), proc, log)
-        by_url = {url: proc for proc, url, _ in procs}
-        yield {agent: dataclasses.replace(r, procs=(by_url[r.url],)) for agent, r in routes(kind, cfg, fronts).items()}
+        by_url = {url: proc.pid for proc, url, _ in procs}
+        yield {agent: dataclasses.replace(r, pids=(by_url[r.url],)) for agent, r in routes(kind, cfg, fronts).items()}
     finally:
         for proc, _, _ in procs:
             gateway_proc.stop(proc)

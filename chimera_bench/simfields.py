@@ -8,6 +8,8 @@ in front of one vLLM worker and, for completions only:
 
 * sets ``max_tokens = min_tokens = output_tokens`` (minus the verdict token) and ``ignore_eos``, so
   vLLM computes exactly as many tokens as the sim would;
+* reads them from ``metadata.sim`` where ``sim`` is missing, as the sim does (a peer router may drop ``sim``),
+  and takes that key out, so vLLM sees OpenAI's metadata only;
 * draws the verdict as the sim does (:func:`backends.sim.textgen.draw_answer`, the profile's
   quality against ``difficulty``) and appends it to the answer's last piece, counting it in ``usage``.
 
@@ -44,6 +46,16 @@ class Rewrite:
 def rewrite(body: dict[str, Any], *, quality: float, seed: int, chat: bool) -> Rewrite:
     """The request vLLM should see, and the verdict to append (the sim's own draw)."""
     sim = body.pop("sim", None)
+    meta = body.get("metadata")
+    if isinstance(meta, dict) and "sim" in meta:  # through a peer that drops unknown fields (simulator.md)
+        packed = meta.pop("sim")
+        if not meta:
+            del body["metadata"]
+        if sim is None and isinstance(packed, str):
+            try:
+                sim = json.loads(packed)
+            except ValueError:
+                sim = None
     if not isinstance(sim, dict) or not isinstance(sim.get("output_tokens"), int):
         return Rewrite(body, None)
     out = max(1, sim["output_tokens"])

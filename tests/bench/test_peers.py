@@ -72,7 +72,7 @@ def test_the_peers_run_the_same_workload_beside_chimera(tmp_path: Path):
         config_path=str(two_small_one_large(tmp_path)), workload="mixed",
         policies=("round_robin", "vllm-router:round_robin", "sglang-router:cache_aware", "litellm:simple-shuffle"),
         rates=(3.0,), users=None, duration_s=2.0, warmup_s=0.0, seeds=(1,), out=str(tmp_path / "out"),
-        speedup=25.0, drain_s=30.0, plots=False,
+        speedup=25.0, drain_s=30.0, plots=False, clients=2,  # (a peer's routes go to each client process)
     )  # fmt: skip
     run_bench(spec)
     entries = {e["policy"]: e for e in json.loads((tmp_path / "out" / "results.json").read_text())}

@@ -37,6 +37,19 @@ def test_rewrite_fixes_length_and_draws_the_sims_verdict() -> None:
     assert plain.marker is None and plain.body == {"model": "m", "messages": MESSAGES, "max_tokens": 7}
 
 
+def test_rewrite_reads_metadata_sim_where_a_peer_dropped_sim() -> None:
+    sim = {"output_tokens": 40, "difficulty": 0.3}
+    base = {"model": "m", "messages": MESSAGES, "max_tokens": 512}
+    direct = rewrite({**base, "sim": sim}, quality=0.6, seed=2, chat=True)
+    packed = rewrite({**base, "metadata": {"sim": json.dumps(sim), "app": "x"}}, quality=0.6, seed=2, chat=True)
+    assert packed.marker == direct.marker and packed.body["max_tokens"] == 39
+    assert packed.body["metadata"] == {"app": "x"}  # vLLM sees the user's metadata, not the bench's
+    both = rewrite({**base, "sim": sim, "metadata": {"sim": json.dumps(sim)}}, quality=0.6, seed=2, chat=True)
+    assert "metadata" not in both.body and both.marker == direct.marker
+    broken = rewrite({**base, "metadata": {"sim": "{not json"}}, quality=0.6, seed=2, chat=True)
+    assert broken.marker is None and broken.body == base
+
+
 def test_patch_event_touches_only_the_finishing_chunk_and_usage() -> None:
     mid = b'{"choices":[{"index":0,"delta":{"content":" w5"},"finish_reason":null}]}'
     assert patch_event(mid, "[wrong]", chat=True) is mid
