@@ -19,7 +19,8 @@ It does what ``httpx-aiohttp``'s transport does, with two differences that matte
 
 The gateway's own requests to workers skip httpx's objects altogether: :meth:`AiohttpTransport.post`
 sends through the same session and returns aiohttp's answer (backends.client reads it directly), so
-httpx's client, request and response layers, a quarter of the client side's CPU, cost nothing there.
+httpx's client, request and response layers cost nothing there (measured on a 2-core VM at 1,000
+requests/s: the gateway's CPU a request fell from 740-820 to about 645 us).
 
 The aiohttp session is made on first use, inside the running event loop, and closed by
 :meth:`aclose`.

@@ -204,7 +204,8 @@ def run_overhead(
                 for spec in peers:
                     if spec == FLOOR:
                         with _floor(worker_url, dest / "logs" / "floor.log", gw_cpu) as (proc, url):
-                            rows.append((FLOOR, _costed([proc], offer(url, rate, duration_s, warmup_s, seed, payload))))
+                            floor = _costed([proc.pid], offer(url, rate, duration_s, warmup_s, seed, payload))
+                        rows.append((FLOOR, floor))
                         continue
                     tag = f"overhead-{spec.replace(':', '-')}-{rate:g}-{'s' if stream else 'n'}"
                     with peer_mod.running(spec, fleet, dest / "logs", tag, cpu=gw_cpu) as routes:

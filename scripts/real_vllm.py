@@ -13,6 +13,10 @@ python scripts/real_vllm.py shares LOG.jsonl [LOG2.jsonl ...] [--margin 0.1]
     per gateway request log (one boot of the fleet each): every agent's share of steps per worker, and over the
     near-tie decisions (the runner-up's expected cost within the margin: the log's predicted.cost_gap) each
     worker's share; then how far each agent's shares moved from log to log
+python scripts/real_vllm.py peers DIR
+    the runs of scripts/h200_peers.sh in DIR (mixed-w<cost>-s<seed>/, chat-s<seed>/) as DIR/real-{mixed,chat}.json,
+    predictive's rows named predictive_w<cost>, and per workload a table: workflow e2e p50, the peer's over each
+    row's per seed, task success pooled over the seeds' workflows, SLA, TPOT p50 and the share of steps per model
 python scripts/real_vllm.py table --real R.json [R2.json ...] --sim S.json [S2.json ...] [--real-counters per-run]
     TTFT, TPOT, e2e p50 / p99 per workload and policy, sim (scaled to modelled time) against real, and each
     run's prefix-cache hit rate; then how many latencies are within 10 %, by metric and by policy
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -189,6 +195,44 @@ def cmd_shares(args: argparse.Namespace) -> None:
         print(f"{a:10s} most to one worker {top:.0%}, moved at most {moved * 100:.0f} points across the logs")
 
 
+def cmd_peers(args: argparse.Namespace) -> None:
+    root = Path(args.dir)
+    runs: dict[str, list[dict[str, Any]]] = {"mixed": [], "chat": []}
+    for d in sorted(root.iterdir()):
+        if m := re.fullmatch(r"(?:mixed-)?w([\d.]+)-s(\d+)", d.name):
+            wl, cost = "mixed", m.group(1)
+        elif re.fullmatch(r"chat-s(\d+)", d.name):
+            wl, cost = "chat", ""
+        else:
+            continue
+        for e in json.loads((d / f"real-{wl}.json").read_text()) if (d / f"real-{wl}.json").exists() else []:
+            if e["policy"] == "predictive" and cost:
+                e["policy"] = f"predictive_w{cost}"
+            runs[wl].append(e)
+    for wl, entries in runs.items():
+        if not entries:
+            continue
+        (root / f"real-{wl}.json").write_text(json.dumps(entries, indent=1) + "\n")
+        peer = {e["seed"]: e["workflow_e2e_ms"]["p50"] for e in entries if ":" in e["policy"]}
+        print(f"{wl} ({root / f'real-{wl}.json'}): router | wf e2e p50 ms | peer / this per seed | success % | "
+              "SLA % | TPOT p50 ms | share of steps")
+        for pol in sorted({e["policy"] for e in entries}, key=lambda p: (":" not in p, p)):  # the peer first
+            rows = sorted((e for e in entries if e["policy"] == pol), key=lambda e: e["seed"])
+            p50 = [e["workflow_e2e_ms"]["p50"] for e in rows]
+            ratios = ", ".join(f"{peer[e['seed']] / e['workflow_e2e_ms']['p50']:.2f}" for e in rows
+                               if e["seed"] in peer)  # fmt: skip
+            wfs = sum(e["workflows"] for e in rows)
+            success = sum(e["task_success"] * e["workflows"] for e in rows) / wfs
+            sla = statistics.mean(e["sla_attainment"] for e in rows)
+            tpot = "-".join(f"{x:.1f}" for x in (min(e["tpot_ms"]["p50"] for e in rows),
+                                                  max(e["tpot_ms"]["p50"] for e in rows)))  # fmt: skip
+            models = sorted({m for e in rows for m in e["model_share"]})
+            share = " / ".join(f"{m} {statistics.mean(e['model_share'].get(m, 0) for e in rows):.0%}" for m in models)
+            sd = statistics.stdev(p50) if len(p50) > 1 else 0.0
+            print(f"{pol} | {statistics.mean(p50):.0f} ± {sd:.0f} | {ratios} | {100 * success:.1f} | {100 * sla:.1f} | "
+                  f"{tpot} | {share}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -207,12 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--real-counters", choices=("cumulative", "per-run"), default="cumulative",
                    help="for results without worker_counters_since: the real workers' counters count from their "
                    "boot (default) or from the run's start")  # fmt: skip
+    sub.add_parser("peers").add_argument("dir", help="the OUT of scripts/h200_peers.sh")
     sh = sub.add_parser("shares")
     sh.add_argument("logs", nargs="+", help="gateway request logs (JSON lines), one per boot")
     sh.add_argument("--margin", type=float, default=0.1, help="a near tie: the runner-up's cost within this fraction")
     args = p.parse_args(argv)
     cmds = {"backends": cmd_backends, "configs": cmd_configs, "merge": cmd_merge, "table": cmd_table}
-    {**cmds, "shares": cmd_shares}[args.cmd](args)
+    {**cmds, "shares": cmd_shares, "peers": cmd_peers}[args.cmd](args)
     return 0
 
 
