@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx2 as httpx
 
+from backends.sim.api import packed_sim
 from backends.sim.textgen import chat_text, draw_answer
 from backends.transport import WORKER_KEEPALIVE_S, AiohttpTransport
 from router.core.asgi import Scope, read_body
@@ -46,16 +47,15 @@ class Rewrite:
 def rewrite(body: dict[str, Any], *, quality: float, seed: int, chat: bool) -> Rewrite:
     """The request vLLM should see, and the verdict to append (the sim's own draw)."""
     sim = body.pop("sim", None)
-    meta = body.get("metadata")
-    if isinstance(meta, dict) and "sim" in meta:  # through a peer that drops unknown fields (simulator.md)
-        packed = meta.pop("sim")
+    if sim is None:  # through a peer that drops unknown fields, as the sim reads it (simulator.md)
+        try:
+            sim = packed_sim(body)
+        except ValueError:
+            sim = None
+    if isinstance(meta := body.get("metadata"), dict) and "sim" in meta:  # vLLM sees the client's metadata only
+        del meta["sim"]
         if not meta:
             del body["metadata"]
-        if sim is None and isinstance(packed, str):
-            try:
-                sim = json.loads(packed)
-            except ValueError:
-                sim = None
     if not isinstance(sim, dict) or not isinstance(sim.get("output_tokens"), int):
         return Rewrite(body, None)
     out = max(1, sim["output_tokens"])

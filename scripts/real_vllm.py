@@ -199,13 +199,12 @@ def cmd_peers(args: argparse.Namespace) -> None:
     root = Path(args.dir)
     runs: dict[str, list[dict[str, Any]]] = {"mixed": [], "chat": []}
     for d in sorted(root.iterdir()):
-        if m := re.fullmatch(r"(?:mixed-)?w([\d.]+)-s(\d+)", d.name):
-            wl, cost = "mixed", m.group(1)
-        elif re.fullmatch(r"chat-s(\d+)", d.name):
-            wl, cost = "chat", ""
-        else:
+        if not (m := re.fullmatch(r"(mixed)-w([\d.]+)-s\d+|(chat)-s\d+", d.name)):
             continue
-        for e in json.loads((d / f"real-{wl}.json").read_text()) if (d / f"real-{wl}.json").exists() else []:
+        wl, cost = m.group(1) or m.group(3), m.group(2)
+        if not (f := d / f"real-{wl}.json").exists():
+            continue
+        for e in json.loads(f.read_text()):
             if e["policy"] == "predictive" and cost:
                 e["policy"] = f"predictive_w{cost}"
             runs[wl].append(e)

@@ -131,14 +131,21 @@ def parse_completion(
     )
 
 
+def packed_sim(req: dict[str, Any]) -> Any:
+    """The ``sim`` object that a client packed as JSON in ``metadata["sim"]``, None where there is none; raises
+    ValueError where that string is not JSON."""
+    meta = req.get("metadata")
+    return json.loads(meta["sim"]) if isinstance(meta, dict) and isinstance(meta.get("sim"), str) else None
+
+
 def sim_fields(req: dict[str, Any]) -> tuple[int | None, float | None]:
     """The body's ``sim`` field, which only the sim reads: ``(output_tokens, difficulty)``. Without one, the same
     object as JSON in ``metadata["sim"]`` (OpenAI's string-valued metadata): a router that re-encodes requests in
     its own types (SGLang's) keeps that field and drops unknown ones."""
     sim = req.get("sim")
-    if sim is None and isinstance(meta := req.get("metadata"), dict) and isinstance(meta.get("sim"), str):
+    if sim is None:
         try:
-            sim = json.loads(meta["sim"])
+            sim = packed_sim(req)
         except ValueError:
             raise SimApiError(400, "metadata.sim must be a JSON object", "metadata.sim") from None
     sim = sim or {}
