@@ -9,6 +9,7 @@ and exit status 3; binding first turns it into one :class:`ChimeraError` line,
 from __future__ import annotations
 
 import errno
+import random
 import socket
 import subprocess
 import time
@@ -82,10 +83,31 @@ def _listen_one(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+#: where :func:`free_port` looks: below Linux's default range of ports for outgoing connections (32768-60999), so a
+#: port handed out is not also the local end of a client's connection (a load client's, a router's) by the time
+#: the server binds it
+FREE_PORTS = range(20000, 32768)
+_handed_out: set[int] = set()
+_draw = random.SystemRandom()  # not the seeded module state: forked processes draw differently
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on at ``host`` now, as the kernel picks one (another process may take it
-    before the caller binds it: bind it soon)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+    """A TCP port nothing listens on at ``host`` now, outside the range the kernel takes ports for outgoing
+    connections from, and not handed out before by this process (another process may take it before the caller
+    binds it: bind it soon)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(64):
+        port = _draw.randrange(FREE_PORTS.start, FREE_PORTS.stop)
+        if port in _handed_out:
+            continue
+        with socket.socket(family) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket(family) as s:  # the range is crowded: whatever the kernel picks
         s.bind((host, 0))
         return int(s.getsockname()[1])
 

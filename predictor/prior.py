@@ -69,6 +69,7 @@ class WorkerProfile:
     eager_extra: float = 0.0
     eager_token: float = 0.0
     prefill_extra: float = 0.0  # the eager_extra of a step that only prefills (CudaGraph.extra)
+    gpu_share: float = 1.0  # the GPU work's share of a step (Profile.gpu_share): what a co-located neighbour waits
 
     @classmethod
     def of(cls, profile: Profile, time_scale: float = 1.0) -> WorkerProfile:
@@ -85,7 +86,7 @@ class WorkerProfile:
             fe.stream_token * k if stream else 0.0, fe.stream_wait * k if stream else 0.0,
             fe.per_request * k, fe.per_prompt_token * k,
             cg.max_tokens, cg.eager_floor_s * k, cg.eager_extra_s * k, cg.eager_per_token_s * k,
-            cg.extra(decoding=False) * k,
+            cg.extra(decoding=False) * k, profile.gpu_share,
         )  # fmt: skip
 
 
@@ -123,7 +124,7 @@ def fingerprint(wp: WorkerProfile) -> str:
     terms = ";".join(
         f"{f.name}={(getattr(wp, f.name) / k if f.name in _SECONDS else getattr(wp, f.name)):.6g}"
         for f in fields(wp)
-        if f.name not in ("name", "time_scale")
+        if f.name not in ("name", "time_scale", "gpu_share")  # gpu_share: no latency model reads it
     )
     return hashlib.sha256(terms.encode()).hexdigest()[:16]
 

@@ -138,7 +138,7 @@ def eligible_workers(snapshot: FleetSnapshot, features: RequestFeatures) -> Flee
     healthy = tuple(b for b in snapshot.backends if b.healthy and b.model in features.models)
     if not healthy:
         raise NoHealthyWorker(f"no healthy worker serves {', '.join(features.models)}")
-    return FleetSnapshot(healthy, snapshot.taken_at)
+    return snapshot.among(healthy)
 
 
 class AdmissionController:
@@ -197,7 +197,7 @@ class AdmissionController:
         if not room:
             return None, first
         names = {v.name for v in room}
-        room_snap = FleetSnapshot(room, eligible.taken_at)
+        room_snap = eligible.among(room)
         decision = first if first.ranked and first.ranked[0] in names else self.policy(f, room_snap)
         if not decision.ranked or decision.ranked[0] not in names or self._late(f, decision, room_snap, arrived, now):
             return None, first

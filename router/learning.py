@@ -41,6 +41,7 @@ from predictor.model import ModelSlot, Predictor, PriorPredictor
 from predictor.online import Unprofiled
 from predictor.prefix import PrefixIndex
 from predictor.prior import WorkerProfile, changed_profiles, profile_choice, worker_profiles
+from predictor.sharing import unshared
 from predictor.sketch import prefix_hashes, prompt_text, task_text, text_features
 from predictor.window import TrainingWindow
 from router.core.config import Config, PredictorConfig
@@ -147,9 +148,10 @@ class PredictorRuntime:
         if record.backend in self.unprofiled:
             fleet, waited = record.fleet, record.queue_wait_s or 0.0  # the worker's timings: from when it was sent
             ttft = record.ttft_s - waited if record.ttft_s is not None else None
-            self.unprofiled.answer(record.backend, fleet, record.prompt_tokens or 0,
-                                   float(fleet.get("prefix_share") or 0.0), record.completion_tokens, ttft,
-                                   record.e2e_s - waited)  # fmt: skip
+            ttft, e2e = unshared(record.predicted, ttft, record.e2e_s - waited)  # as it would run alone on its GPU
+            share = float(fleet.get("prefix_share") or 0.0)
+            self.unprofiled.answer(record.backend, fleet, record.prompt_tokens or 0, share, record.completion_tokens,
+                                   ttft, e2e)  # fmt: skip
             score = self._scores.get(record.request_id)
             if score is not None:  # its verdict came before its answer was done
                 self._verdict(record.request_id, who, score)

@@ -65,7 +65,7 @@ def choose(view: FleetView, policy: Policy, features: RequestFeatures) -> tuple[
         healthy = tuple(b for b in snapshot.backends if b.healthy and b.model in features.models)
         if not healthy:
             raise NoHealthyWorker(f"no healthy worker serves {', '.join(features.models)}")
-        eligible = FleetSnapshot(healthy, snapshot.taken_at)
+        eligible = snapshot.among(healthy)
     decision = policy(features, eligible)
     return decision, eligible
 

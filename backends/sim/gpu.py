@@ -29,13 +29,12 @@ from collections import deque
 from collections.abc import Sequence
 
 from backends.sim.engine import Batch, Engine
+from router.core.profile import GPU_SWITCH_S, GPU_TIMESLICE_S
 
 #: The driver's timeslice and the cost of handing the GPU to another context, in real H200 seconds
-#: (divided by ``speedup``), vLLM 0.26.0: fitted to the shipped profiles' own steps over the shared phases
-#: (batches 1 and 8) of the co-location probes in ``docs/results/real-h200/probes/colocate-*.json``: 1.562 / 0.604 ms
-#: (docs/profiling.md).
-TIMESLICE_S = 0.00156
-SWITCH_S = 0.0006
+#: (divided by ``speedup``): :data:`router.core.profile.GPU_TIMESLICE_S` and ``GPU_SWITCH_S`` (docs/profiling.md).
+TIMESLICE_S = GPU_TIMESLICE_S
+SWITCH_S = GPU_SWITCH_S
 
 _EPS = 1e-12
 

@@ -25,6 +25,8 @@ from router.core.options import PolicyOptions as PolicyOptions
 from router.core.options import PredictorConfig as PredictorConfig
 from router.core.yamlload import Loc, dotted, nearest_line, read_yaml
 
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
 AUTO_MODEL = "auto"
 
 
@@ -81,7 +83,9 @@ class BackendConfig(_Frozen):
     max_model_len: PosInt = 8192
     """The worker's context length; longer requests are not sent to it."""
     gpu: NonNegInt | None = None
-    """The GPU the worker is pinned to (informational for `url` backends; simulated workers on one GPU share it)."""
+    """The GPU the worker is pinned to on its host (default: its `launch.gpu`). Workers of one host on one GPU share
+    it: the predictive policy prices the time-slicing between them, and simulated workers on one GPU share a
+    modelled one."""
     tags: tuple[str, ...] = ()
     """Labels shown in `/fleet`; `length_split` sends long prompts to workers tagged `policy_options.long_tag`."""
     sim: SimSpec | None = None
@@ -131,6 +135,16 @@ class BackendConfig(_Frozen):
     def time_scale(self) -> float:
         """Real seconds per profile second: 1 for a real GPU, 1/speedup for a simulated worker."""
         return 1.0 / self.sim.speedup if self.sim is not None else 1.0
+
+    @property
+    def shared_gpu(self) -> str | None:
+        """Which GPU the worker runs on, as ``host/gpu`` (loopback names as one host): workers with the same key
+        time-share that GPU. None where neither ``gpu`` nor ``launch.gpu`` says."""
+        gpu = self.gpu if self.gpu is not None else (self.launch.gpu if self.launch is not None else None)
+        if gpu is None:
+            return None
+        host = (urlsplit(self.url).hostname or "").lower()
+        return f"{'localhost' if host in LOOPBACK_HOSTS else host}/{gpu}"
 
     @property
     def port(self) -> int:

@@ -106,6 +106,15 @@ def stream_delay(stream_wait: float, rho: float) -> float:
     return stream_wait * rho / (1.0 - rho)
 
 
+#: NVIDIA's time-slicing of one GPU between processes (no MPS), measured on an H200 with vLLM 0.26.0: the slice a
+#: context runs before the GPU goes to the next one with work, and the cost of handing it over, in seconds. Fitted
+#: to the shipped profiles' own steps over the shared phases of the co-location probes
+#: (``docs/results/real-h200/probes/colocate-*.json``, docs/profiling.md). The simulator's shared GPU
+#: (backends/sim/gpu.py) runs on them; the predictive policy prices co-located workers with them.
+GPU_TIMESLICE_S = 0.00156
+GPU_SWITCH_S = 0.0006
+
+
 def eager_step(linear: float, tokens: float, graph_max: int, floor: float, extra: float, per_token: float) -> float:
     """A step of ``tokens`` tokens whose linear model says ``linear`` seconds: itself within vLLM's CUDA graphs
     (``tokens <= graph_max``, or no limit: 0), else the eager step's ``max(linear, floor) + extra + per_token *

@@ -67,12 +67,25 @@ class BackendView:
     # a geometric EWMA; 1.0 until one is seen): what the predictive policy corrects its estimates by.
     ttft_bias: float = 1.0
     tpot_bias: float = 1.0
+    gpu: str | None = None  # the GPU it time-shares with the workers of the same key (BackendConfig.shared_gpu)
 
 
 @dataclass(frozen=True, slots=True)
 class FleetSnapshot:
+    """The workers a policy chooses among (``backends``) and, where those are a selection, every worker of the
+    fleet (``fleet``): a worker's neighbours on its GPU may serve other models."""
+
     backends: tuple[BackendView, ...]
     taken_at: float = 0.0
+    fleet: tuple[BackendView, ...] = ()
+
+    @property
+    def everyone(self) -> tuple[BackendView, ...]:
+        return self.fleet or self.backends
+
+    def among(self, backends: tuple[BackendView, ...]) -> FleetSnapshot:
+        """A selection of this snapshot's workers, the whole fleet kept."""
+        return FleetSnapshot(backends, self.taken_at, self.everyone)
 
     def by_name(self, name: str) -> BackendView | None:
         return next((b for b in self.backends if b.name == name), None)
@@ -84,7 +97,7 @@ class FleetSnapshot:
             for b in self.backends
             if b.healthy and b.model in features.models and features.prompt_tokens < b.max_model_len
         )
-        return FleetSnapshot(keep, self.taken_at)
+        return self.among(keep)
 
 
 @dataclass(frozen=True, slots=True)

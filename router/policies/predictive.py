@@ -45,7 +45,8 @@ import numpy as np
 
 from predictor.boosting import Array
 from predictor.model import ModelSlot, Prediction, PriorPredictor, with_feedback
-from predictor.prior import WorkerProfile, profiles_by_model
+from predictor.prior import WorkerProfile, profile_for, profiles_by_model
+from predictor.sharing import DECODE_STRETCH, TTFT_STRETCH, Sharing, price, shared
 from router.core.config import PolicyOptions
 from router.core.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
 
@@ -104,6 +105,7 @@ def rank(
     wrong_ms: float = 0.0,
     spread: float = 0.0,
     u: float = 0.0,
+    extra: list[float] | None = None,
 ) -> tuple[list[int], str, float | None]:
     """Candidate indices, best first, why the first was chosen, and (under the expected-cost rule, with two or
     more candidates meeting the SLA) how much dearer the second least expected cost is than the least.
@@ -118,7 +120,9 @@ def rank(
     among the best's equals in quality within ``spread`` of its p90 e2e.
 
     ``scale``: each worker's ``time_scale`` (wall seconds per modelled second); SLOs are in modelled
-    time, so predictions are divided by it before they are compared with them. (Plain Python over the
+    time, so predictions are divided by it before they are compared with them. ``extra``: what choosing each
+    candidate costs other requests (modelled ms: its GPU neighbours slowed, :mod:`predictor.sharing`), added to
+    the expected cost (to the p90 e2e under Chimera's rule), never to the SLA check. (Plain Python over the
     few candidates: cheaper than a dozen numpy calls on 8-element arrays.)
     """
     k = 1e3 if scale is None else 1e3 / scale
@@ -138,9 +142,13 @@ def rank(
     if not ok:
         return sorted(range(n), key=lambda i: (late[i], e2e90[i])), "least_late", None
     rest_bad = sorted((i for i in range(n) if late[i] > 0.0), key=lambda i: (late[i], e2e90[i]))
+    if extra is not None:
+        e2e90 = [x + y for x, y in zip(e2e90, extra, strict=True)]  # (the SLA check above used the request's own)
     fastest = min(ok, key=e2e90.__getitem__)
     if wrong_ms > 0.0:
         e2e50: list[float] = (p.e2e[:, 0] * k).tolist()
+        if extra is not None:
+            e2e50 = [x + y for x, y in zip(e2e50, extra, strict=True)]
         cost = {i: e2e50[i] + (1.0 - quality[i]) * wrong_ms for i in ok}
         order = sorted(ok, key=cost.__getitem__)
         costs = [cost[i] for i in order]
@@ -156,6 +164,20 @@ def rank(
         best = spread_near_ties(peers, [e2e90[i] for i in peers], spread, u)[0]
     rest_ok = sorted((i for i in ok if i != best), key=e2e90.__getitem__)
     return [best, *rest_ok, *rest_bad], ("fastest" if best == fastest else "slack"), None
+
+
+def gpu_sharing(
+    raw: Prediction, views: tuple[BackendView, ...], worker_profiles: list[WorkerProfile], snapshot: FleetSnapshot,
+    profiles: Mapping[str, WorkerProfile],
+) -> Sharing | None:
+    """How the candidates' GPU neighbours (in the whole fleet, any model) stretch and price them; None for
+    workers alone on their GPUs (no ``gpu`` shared), at the cost of one scan of the candidates."""
+    if not any(v.gpu for v in views):
+        return None
+    fleet = snapshot.everyone
+    fleet_profiles = {u.name: profiles.get(u.name) or profile_for(None, u.model) for u in fleet if u.gpu is not None}
+    ttft, tpot, e2e = raw.ttft[:, 0].tolist(), raw.tpot[:, 0].tolist(), raw.e2e[:, 0].tolist()
+    return price(views, worker_profiles, ttft, tpot, e2e, fleet, fleet_profiles)
 
 
 def make_predictive(
@@ -178,6 +200,9 @@ def make_predictive(
             return Decision(ranked=())
         worker_profiles = profiles_by_model(profiles, views)
         raw = slot.current.predict(features, views, worker_profiles, guarded_shares(features, views, options))
+        sharing = gpu_sharing(raw, views, worker_profiles, snapshot, profiles)
+        if sharing is not None:  # before the feedback: the biases measure what the stretch does not explain
+            raw = shared(raw, sharing)
         p = (
             with_feedback(raw, views)
             if feedback and any(v.ttft_bias != 1.0 or v.tpot_bias != 1.0 for v in views)
@@ -186,7 +211,10 @@ def make_predictive(
         scale = np.fromiter((w.time_scale for w in worker_profiles), np.float64, len(views))
         stage = min(features.workflow_stage or 0, MAX_STAGE)  # the stage term needs the expected-cost rule:
         wrong = wrong_ms + stage_ms * stage if wrong_ms and stage > 0 else wrong_ms
-        order, why, gap = rank(p, features, slack, scale, wrong, spread, draw(features.seq) if spread else 0.0)
+        extra = None
+        if sharing is not None:  # the neighbours' lost seconds, in modelled ms as the costs
+            extra = [c * 1e3 / k for c, k in zip(sharing.neighbours_s, scale.tolist(), strict=True)]
+        order, why, gap = rank(p, features, slack, scale, wrong, spread, draw(features.seq) if spread else 0.0, extra)
         i = order[0]
         rows = (a[i].tolist() for a in (p.ttft, p.tpot, p.e2e, p.output))
         (ttft, ttft90), (tpot, _), (e2e, e2e90), (out, out90) = rows
@@ -195,6 +223,10 @@ def make_predictive(
             "e2e_p90_ms": max(e2e, e2e90) * 1e3, "quality": float(p.quality[i]), "output_tokens": out,
             "output_tokens_p90": out90, "workflow_remaining_tokens": float(p.remaining[i]),
         }  # fmt: skip
+        if sharing is not None and (sharing.ttft[i] != 1.0 or sharing.decode[i] != 1.0):
+            predicted[TTFT_STRETCH], predicted[DECODE_STRETCH] = sharing.ttft[i], sharing.decode[i]
+        if extra is not None and extra[i]:
+            predicted["gpu_neighbours_ms"] = extra[i]
         if gap is not None:  # a near tie (within spread_margin) was split; the request log shows how near
             predicted["cost_gap"] = gap
         if feedback:  # the estimator's own TTFT and decode time per token, which the worker's timings correct

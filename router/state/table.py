@@ -53,6 +53,7 @@ class WorkerRecord:
     kv_budget_tokens: int
     max_model_len: int
     tags: frozenset[str]
+    gpu: str | None = None
     healthy: bool = True
     consecutive_failures: int = 0
     consecutive_probe_successes: int = 0
@@ -83,7 +84,7 @@ class FleetTable:
         self.health = health
         self.clock = clock
         self.records: dict[str, WorkerRecord] = {
-            b.name: WorkerRecord(b.name, b.model, b.kv_budget_tokens, b.max_model_len, frozenset(b.tags))
+            b.name: WorkerRecord(b.name, b.model, b.kv_budget_tokens, b.max_model_len, frozenset(b.tags), b.shared_gpu)
             for b in backends
         }
         self.any_probe_ok = False
@@ -264,5 +265,6 @@ def _build(r: WorkerRecord, now: float) -> BackendView:
         tpot_ewma_s=r.tpot_ewma_s,
         ttft_bias=_bias(r.ttft_log_bias, fade),
         tpot_bias=_bias(r.tpot_log_bias, fade),
+        gpu=r.gpu,
     )
     return r.view

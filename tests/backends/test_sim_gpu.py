@@ -19,6 +19,10 @@ from backends.sim.engine import Engine, Request
 from backends.sim.gpu import SWITCH_S, TIMESLICE_S, SharedGPU
 from backends.sim.server import SimSettings, create_shared_gpu_app
 from backends.sim.textgen import Answer
+from predictor.prior import WorkerProfile
+from predictor.sharing import decode_step, stretched, turn_wait
+from router.core.profile import load_profile
+from router.core.types import BackendView
 from router.serve import sim_command, sim_groups
 from tests.conftest import make_config
 
@@ -287,3 +291,20 @@ def test_the_sim_time_slices_as_the_reference_model(make_engine: Callable[..., E
                               {m: 1e3 * g for m, (_, g) in steps.items()}, 1.44, 0.5)  # fmt: skip
     for m, e in engines.items():
         assert _itl(e) * 1e3 == pytest.approx(model[m], rel=0.03)
+
+
+def test_the_router_prices_sharing_as_the_sim_runs_it() -> None:
+    # the shipped H200 profiles, all three busy at batch 8 for the whole window: the sim's inter-token times and
+    # the predictive policy's stretched steps (predictor/sharing.py) agree; the small ones lock-step
+    names = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b")
+    profiles = [load_profile(f"h200-{m}") for m in names]
+    engines = [Engine(p, kv_tokens=p.kv_budget_tokens, max_num_seqs=p.max_num_seqs,
+                      max_num_batched_tokens=p.max_num_batched_tokens) for p in profiles]  # fmt: skip
+    _virtual(SharedGPU(engines), [(0.0, e, _req(i * 10 + k, 100_000)) for i, e in enumerate(engines) for k in range(8)],
+             until=3.0)  # fmt: skip
+    wps = [WorkerProfile.of(p) for p in profiles]
+    view = BackendView(name="w", model="m", inflight_requests=8, inflight_tokens=8 * 400)
+    steps = [decode_step(wp, view) for wp in wps]
+    for i, (wp, e) in enumerate(zip(wps, engines, strict=True)):
+        wait = turn_wait([wps[j].gpu_share * steps[j] for j in range(3) if j != i], TIMESLICE_S, SWITCH_S)
+        assert _itl(e) == pytest.approx(stretched(steps[i], wp.gpu_share, wait, TIMESLICE_S), rel=0.1), names[i]
