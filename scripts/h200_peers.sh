@@ -7,11 +7,12 @@
 # prints the table and writes $OUT/real-{mixed,chat}.json (predictive's rows as predictive_w<cost>).
 # Needs vLLM and `chimera-router[bench,peers]` on the GPU machine (../shared/gpu/README.md for vLLM).
 # Knobs (environment): SEEDS (1 2 3), COSTS (6 24), RATE (8 workflows/s), DUR (30 s measured), CRATE (12 chat
-# requests/s), CDUR (20 s), WARMUP (15 s: the predictor's first refit), OUT (/tmp/real-peers).
+# requests/s), CDUR (20 s), CHAT_SEEDS (the seeds of the chat runs: SEEDS; empty: none), WARMUP (15 s: the
+# predictor's first refit), OUT (/tmp/real-peers).
 set -u
 cd "$(dirname "$0")/.."
 SEEDS=${SEEDS:-"1 2 3"} COSTS=${COSTS:-"6 24"} RATE=${RATE:-8} DUR=${DUR:-30} CRATE=${CRATE:-12} CDUR=${CDUR:-20}
-WARMUP=${WARMUP:-15} OUT=${OUT:-/tmp/real-peers}
+WARMUP=${WARMUP:-15} OUT=${OUT:-/tmp/real-peers} CHAT_SEEDS=${CHAT_SEEDS-$SEEDS}
 mkdir -p "$OUT"
 for w in $COSTS; do
   python - "$w" "$OUT/h200-real-w$w.yaml" <<'PY'
@@ -31,7 +32,7 @@ for s in $SEEDS; do
       DRAIN_mixed=25 WARMUP=$WARMUP POLICIES="$pols" bash scripts/h200_validate.sh 2>&1 | tail -4
   done
 done
-for s in $SEEDS; do
+for s in $CHAT_SEEDS; do
   REAL=$OUT/h200-real-w$first.yaml OUT=$OUT/chat-s$s SEED=$s WORKLOADS=chat RATES_chat=$CRATE DUR_chat=$CDUR \
     DRAIN_chat=15 WARMUP=4 POLICIES="vllm-router:cache_aware predictive" bash scripts/h200_validate.sh 2>&1 | tail -4
 done
