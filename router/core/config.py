@@ -320,6 +320,10 @@ class Config(_Frozen):
             raise _At(("gateway", "policy_options", "wrong_answer_stage_s"),
                       "needs wrong_answer_s > 0 (wrong_answer_s: 0 selects Chimera's slack rule, which prices no "
                       "wrong answer)")  # fmt: skip
+        if po.sla_miss_s is not None and po.wrong_answer_s == 0:
+            raise _At(("gateway", "policy_options", "sla_miss_s"),
+                      "needs wrong_answer_s > 0 (wrong_answer_s: 0 selects Chimera's slack rule, which keeps the SLA "
+                      "a constraint)")  # fmt: skip
         da = self.gateway.default_agent
         if da is not None:
             if da not in {a.name for a in self.agents}:

@@ -30,6 +30,11 @@ class PolicyOptions(_Frozen):
     wrong_answer_stage_s: Annotated[float, Field(ge=0)] = 0.0
     """`predictive`: added to `wrong_answer_s` per stage of the request's workflow (`x-workflow-stage`, capped at 16);
     needs `wrong_answer_s > 0`."""
+    sla_miss_s: Annotated[float, Field(gt=0)] | None = None
+    """`predictive`: what missing an agent's SLA costs, in seconds: the policy then takes the least `e2e + P(wrong) x
+    wrong_answer_s + P(miss) x this` over every worker (P(miss) from the predicted p50 and p90), so a capable
+    worker that may be late can win over a fast one that may be wrong (default: the SLA is a constraint: only
+    workers predicted to meet it are chosen while there are any); needs `wrong_answer_s > 0`."""
     spread_margin: Annotated[float, Field(ge=0, le=1)] = 0.1
     """`predictive`: workers whose expected cost is within this fraction of the least share the requests, weighted
     by how close they are (a tie evenly, the margin's edge 0.3 of that), so a near tie does not send every step of

@@ -14,7 +14,8 @@ request's workflow (``x-workflow-stage``): a wrong answer late in a workflow cos
 finished work rides on it and fewer retries are left (with the expected-cost rule only: the config
 refuses it beside ``wrong_answer_s: 0``). ``wrong_answer_s: 0`` gives Chimera's plain rule (the
 most capable within ``latency_slack`` x the fastest's p90 e2e). If nobody meets the SLA, the least
-predicted lateness wins. The rest of the ranking (retry fallbacks) follows the same order.
+predicted lateness wins. With ``sla_miss_s`` the SLA is priced instead of enforced: every worker meeting
+``min_quality`` competes, with ``P(miss) x sla_miss_s`` added to its expected cost. The rest of the ranking (retry fallbacks) follows the same order.
 
 Online feedback (``latency_feedback``, on by default): before ranking, each worker's predicted TTFT
 is multiplied by its view's ``ttft_bias`` and the decode part of its e2e (and its TPOT) by its
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -53,6 +55,7 @@ from router.core.types import BackendView, Decision, FleetSnapshot, Policy, Requ
 MAX_STAGE = 16  # wrong_answer_stage_s counts at most this many stages (a runaway loop's cost stays bounded)
 EDGE_WEIGHT = 0.3  # spread_margin: the weight of a candidate at the margin's edge (a tied one weighs 1)
 MASK64 = (1 << 64) - 1
+Z90 = 1.2815515655446004  # the standard normal's 90th percentile
 
 
 def guarded_shares(features: RequestFeatures, views: tuple[BackendView, ...], options: PolicyOptions) -> Array:
@@ -106,6 +109,7 @@ def rank(
     spread: float = 0.0,
     u: float = 0.0,
     extra: list[float] | None = None,
+    miss_ms: float | None = None,
 ) -> tuple[list[int], str, float | None]:
     """Candidate indices, best first, why the first was chosen, and (under the expected-cost rule, with two or
     more candidates meeting the SLA) how much dearer the second least expected cost is than the least.
@@ -122,7 +126,9 @@ def rank(
     ``scale``: each worker's ``time_scale`` (wall seconds per modelled second); SLOs are in modelled
     time, so predictions are divided by it before they are compared with them. ``extra``: what choosing each
     candidate costs other requests (modelled ms: its GPU neighbours slowed, :mod:`predictor.sharing`), added to
-    the expected cost (to the p90 e2e under Chimera's rule), never to the SLA check. (Plain Python over the
+    the expected cost (to the p90 e2e under Chimera's rule), never to the SLA check. ``miss_ms`` (with
+    ``wrong_ms`` > 0): the SLA is a price, not a constraint: every candidate meeting ``min_quality`` is ranked by
+    its expected cost plus ``P(miss) x miss_ms`` (:func:`miss_probability`). (Plain Python over the
     few candidates: cheaper than a dozen numpy calls on 8-element arrays.)
     """
     k = 1e3 if scale is None else 1e3 / scale
@@ -138,10 +144,16 @@ def rank(
         late = [x + max(0.0, y - s) / s for x, y in zip(late, v, strict=True)]
     if mq is not None:
         late = [x + max(0.0, mq - q) for x, q in zip(late, quality, strict=True)]
-    ok = [i for i in range(n) if late[i] <= 0.0]
+    miss = None
+    if miss_ms is not None and wrong_ms > 0.0 and slos:  # the SLA priced: only min_quality excludes
+        miss = miss_probabilities(slos, k, n)
+        ok = [i for i in range(n) if mq is None or quality[i] >= mq]
+    else:
+        ok = [i for i in range(n) if late[i] <= 0.0]
     if not ok:
         return sorted(range(n), key=lambda i: (late[i], e2e90[i])), "least_late", None
-    rest_bad = sorted((i for i in range(n) if late[i] > 0.0), key=lambda i: (late[i], e2e90[i]))
+    kept = set(ok)
+    rest_bad = sorted((i for i in range(n) if i not in kept), key=lambda i: (late[i], e2e90[i]))
     if extra is not None:
         e2e90 = [x + y for x, y in zip(e2e90, extra, strict=True)]  # (the SLA check above used the request's own)
     fastest = min(ok, key=e2e90.__getitem__)
@@ -150,6 +162,8 @@ def rank(
         if extra is not None:
             e2e50 = [x + y for x, y in zip(e2e50, extra, strict=True)]
         cost = {i: e2e50[i] + (1.0 - quality[i]) * wrong_ms for i in ok}
+        if miss is not None and miss_ms is not None:
+            cost = {i: c + miss[i] * miss_ms for i, c in cost.items()}
         order = sorted(ok, key=cost.__getitem__)
         costs = [cost[i] for i in order]
         if spread > 0.0 and len(order) > 1:
@@ -164,6 +178,26 @@ def rank(
         best = spread_near_ties(peers, [e2e90[i] for i in peers], spread, u)[0]
     rest_ok = sorted((i for i in ok if i != best), key=e2e90.__getitem__)
     return [best, *rest_ok, *rest_bad], ("fastest" if best == fastest else "slack"), None
+
+
+def miss_probability(p50: float, p90: float, slo: float) -> float:
+    """P(the latency exceeds ``slo``) for a lognormal latency of median ``p50`` and 90th percentile ``p90``."""
+    if p50 <= 0.0:
+        return 0.0
+    if p90 <= p50 * (1.0 + 1e-9):
+        return 1.0 if p50 > slo else 0.0
+    z = math.log(slo / p50) * Z90 / math.log(p90 / p50)
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def miss_probabilities(slos: list[tuple[Array, float]], k: Array | float, n: int) -> list[float]:
+    """Each candidate's P(missing any of ``slos``: (predicted p50/p90 in seconds, SLO in modelled ms)), the SLOs
+    taken as independent; ``k``: ms per second of each candidate (1e3 / its time scale)."""
+    hit = [1.0] * n
+    for a, s in slos:
+        p50, p90 = (a[:, 0] * k).tolist(), (a[:, 1] * k).tolist()
+        hit = [h * (1.0 - miss_probability(x, y, s)) for h, x, y in zip(hit, p50, p90, strict=True)]
+    return [1.0 - h for h in hit]
 
 
 def gpu_sharing(
@@ -191,7 +225,7 @@ def make_predictive(
     slot = slot or ModelSlot(PriorPredictor())
     profiles = profiles if profiles is not None else {}
     slack, wrong_ms, feedback = options.latency_slack, options.wrong_answer_s * 1e3, options.latency_feedback
-    spread = options.spread_margin
+    spread, miss_ms = options.spread_margin, (None if options.sla_miss_s is None else options.sla_miss_s * 1e3)
     stage_ms = options.wrong_answer_stage_s * 1e3
 
     def predictive(features: RequestFeatures, snapshot: FleetSnapshot) -> Decision:
@@ -214,7 +248,8 @@ def make_predictive(
         extra = None
         if sharing is not None:  # the neighbours' lost seconds, in modelled ms as the costs
             extra = [c * 1e3 / k for c, k in zip(sharing.neighbours_s, scale.tolist(), strict=True)]
-        order, why, gap = rank(p, features, slack, scale, wrong, spread, draw(features.seq) if spread else 0.0, extra)
+        u = draw(features.seq) if spread else 0.0
+        order, why, gap = rank(p, features, slack, scale, wrong, spread, u, extra, miss_ms)
         i = order[0]
         rows = (a[i].tolist() for a in (p.ttft, p.tpot, p.e2e, p.output))
         (ttft, ttft90), (tpot, _), (e2e, e2e90), (out, out90) = rows

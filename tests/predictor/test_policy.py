@@ -244,3 +244,24 @@ def test_a_declared_quality_is_what_the_policy_weighs() -> None:
         b.pop("quality")
     alike = create_policy(make_config(backends, agents, policy="predictive", policy_options={"spread_margin": 0}), None)
     assert alike(f, FleetSnapshot(views)).ranked[0] == "weak"  # a tie without it: the first listed
+
+
+def test_a_priced_sla_lets_a_capable_worker_that_may_be_late_win() -> None:
+    f = feats(e2e_slo_ms=1200.0)  # only "fast" (p90 1000 ms) is predicted within it; "best" has p90 1400, p50 1120
+
+    def first(miss_s: float | None) -> str:
+        options = PolicyOptions(wrong_answer_s=5.0, sla_miss_s=miss_s, spread_margin=0.0)
+        return make_predictive(options, ModelSlot(Fixed(TABLE)))(f, FleetSnapshot(VIEWS)).ranked[0]
+
+    assert first(None) == "fast"  # the SLA a constraint: the one predicted within it
+    assert first(0.1) == "best"  # a miss costs 0.1 s, a wrong answer 5 s: P(miss) 0.35 is worth 95 % quality
+    assert first(100.0) == "fast"  # a miss costs 100 s: the one least likely late (P 0.01)
+
+
+def test_the_miss_probability_follows_the_predicted_quantiles() -> None:
+    from router.policies.predictive import miss_probability
+
+    assert miss_probability(1000.0, 1250.0, 1250.0) == pytest.approx(0.1)
+    assert miss_probability(1000.0, 1250.0, 1000.0) == pytest.approx(0.5)
+    assert miss_probability(1000.0, 1000.0, 900.0) == 1.0 and miss_probability(1000.0, 1000.0, 1100.0) == 0.0
+

@@ -170,6 +170,9 @@ def test_stage_cost_needs_the_expected_cost_rule() -> None:
     assert cfg.gateway.policy_options.wrong_answer_stage_s == 1.5  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match=r"^fleet.yaml:3: gateway\.policy_options\.wrong_answer_stage_s: needs"):
         with_options("{wrong_answer_s: 0, wrong_answer_stage_s: 1.5}")
+    assert with_options("{wrong_answer_s: 3, sla_miss_s: 20}").gateway.policy_options.sla_miss_s == 20  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"^fleet.yaml:3: gateway\.policy_options\.sla_miss_s: needs"):
+        with_options("{wrong_answer_s: 0, sla_miss_s: 20}")
 
 
 def test_shared_api_key_is_rejected() -> None:
