@@ -47,7 +47,7 @@ _REGISTRY: dict[str, PolicyFactory] = {
 USES_PREDICTOR = frozenset({"predictive"})
 
 _PREDICTIVE_OPTIONS = ["latency_slack", "affinity_load_ratio", "affinity_load_slack"]
-_PREDICTIVE_OPTIONS += ["wrong_answer_s", "wrong_answer_stage_s", "latency_feedback", "spread_margin"]
+_PREDICTIVE_OPTIONS += ["wrong_answer_s", "wrong_answer_stage_s", "sla_miss_s", "latency_feedback", "spread_margin"]
 
 #: The ``gateway.policy_options`` each policy reads (the others do nothing under it: router.checks).
 OPTIONS_READ: dict[str, frozenset[str]] = {
