@@ -15,7 +15,8 @@ finished work rides on it and fewer retries are left (with the expected-cost rul
 refuses it beside ``wrong_answer_s: 0``). ``wrong_answer_s: 0`` gives Chimera's plain rule (the
 most capable within ``latency_slack`` x the fastest's p90 e2e). If nobody meets the SLA, the least
 predicted lateness wins. With ``sla_miss_s`` the SLA is priced instead of enforced: every worker meeting
-``min_quality`` competes, with ``P(miss) x sla_miss_s`` added to its expected cost. The rest of the ranking (retry fallbacks) follows the same order.
+``min_quality`` competes, with ``P(miss) x sla_miss_s`` added to its expected cost. The rest of the ranking
+(retry fallbacks) follows the same order.
 
 Online feedback (``latency_feedback``, on by default): before ranking, each worker's predicted TTFT
 is multiplied by its view's ``ttft_bias`` and the decode part of its e2e (and its TPOT) by its
