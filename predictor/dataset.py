@@ -18,7 +18,7 @@ from typing import Any
 
 from predictor.model import Sample
 from predictor.prior import WorkerProfile, profile_for
-from predictor.sharing import DECODE_STRETCH, unshared
+from predictor.sharing import unshared
 from predictor.sketch import SKETCH_DIM
 from router.core.types import BackendView, Endpoint, RequestFeatures
 
@@ -118,11 +118,7 @@ def to_sample(
     )  # fmt: skip
     profile = (profiles or {}).get(backend) or profile_for(fl.get("profile"), model, float(fl.get("time_scale") or 1.0))
     # the worker's own timings: a decision that priced GPU neighbours recorded the stretch it expected of them
-    predicted = rec.get("predicted")
-    ttft_s, e2e_s = unshared(predicted, rec.get("ttft_s"), rec.get("e2e_s"))
-    tpot_s = rec.get("tpot_s")
-    if tpot_s is not None and predicted:
-        tpot_s /= predicted.get(DECODE_STRETCH, 1.0)
+    ttft_s, e2e_s, tpot_s = unshared(rec.get("predicted"), rec.get("ttft_s"), rec.get("e2e_s"), rec.get("tpot_s"))
     return Sample(features, view, profile, ttft_s, tpot_s, e2e_s, rec.get("completion_tokens"), remaining, score)
 
 

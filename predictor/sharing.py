@@ -85,8 +85,6 @@ def price(
 ) -> Sharing | None:
     """The sharing of each candidate ``views[i]`` (predicted p50 ``ttft``, ``tpot``, ``e2e`` in seconds, alone)
     with the busy workers of ``fleet`` on its GPU; None when no candidate has a busy neighbour."""
-    if not any(v.gpu for v in views):
-        return None
     busy: dict[str, list[tuple[str, float, float, float, int]]] = {}  # gpu -> (name, step, gpu_share, scale, load)
     for u in fleet:
         if u.gpu is None:
@@ -134,18 +132,20 @@ def stretch(a: Array, factors: Sequence[float]) -> Array:
 
 
 def unshared(
-    predicted: Mapping[str, float] | None, ttft_s: float | None, e2e_s: float | None
-) -> tuple[float | None, float | None]:
-    """A request's TTFT and e2e as its worker would have taken them alone, by the stretch its decision priced."""
+    predicted: Mapping[str, float] | None, ttft_s: float | None, e2e_s: float | None, tpot_s: float | None = None
+) -> tuple[float | None, float | None, float | None]:
+    """A request's TTFT, e2e and TPOT as its worker would have taken them alone, by the stretch its decision
+    priced."""
     if not predicted:
-        return ttft_s, e2e_s
+        return ttft_s, e2e_s, tpot_s
     ft, fd = predicted.get(TTFT_STRETCH, 1.0), predicted.get(DECODE_STRETCH, 1.0)
+    tpot = None if tpot_s is None else tpot_s / fd
     if (ft == 1.0 and fd == 1.0) or e2e_s is None:
-        return ttft_s, e2e_s
+        return ttft_s, e2e_s, tpot
     if ttft_s is None:  # non-streamed: the whole answer is mostly decode
-        return None, e2e_s / fd
+        return None, e2e_s / fd, tpot
     own_ttft = ttft_s / ft
-    return own_ttft, own_ttft + max(e2e_s - ttft_s, 0.0) / fd
+    return own_ttft, own_ttft + max(e2e_s - ttft_s, 0.0) / fd, tpot
 
 
 def shared(p: Prediction, sharing: Sharing) -> Prediction:

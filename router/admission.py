@@ -129,18 +129,6 @@ class AdmissionQueue:
         return len(self._items)
 
 
-def eligible_workers(snapshot: FleetSnapshot, features: RequestFeatures) -> FleetSnapshot:
-    """As the proxy's ``choose``: eligible workers, else any healthy one serving the models (the
-    prompt estimate is rough); NoHealthyWorker when there is none."""
-    eligible = snapshot.eligible(features)
-    if eligible.backends:
-        return eligible
-    healthy = tuple(b for b in snapshot.backends if b.healthy and b.model in features.models)
-    if not healthy:
-        raise NoHealthyWorker(f"no healthy worker serves {', '.join(features.models)}")
-    return snapshot.among(healthy)
-
-
 class AdmissionController:
     """One per gateway (``Gateway.admission``), when ``gateway.admission`` is configured."""
 
@@ -172,7 +160,7 @@ class AdmissionController:
         if grant is not None and not self.queue.ahead(f, now):
             return grant.decision, grant.eligible
         if self._never_fits(f):  # the worker will refuse it (400): neither a 429 nor a place in the queue helps
-            return first, eligible_workers(self.state.snapshot(), f)
+            return first, self.state.snapshot().servable(f)
         mode = agent.on_overload if agent is not None else "queue"
         if mode == "degrade" and agent is not None:
             return self._degrade(call, agent, arrived, now)
@@ -189,7 +177,7 @@ class AdmissionController:
 
     def _try(self, f: RequestFeatures, priority: float, arrived: float, now: float) -> tuple[Grant | None, Decision]:
         """A grant when ``f`` is servable now, and the policy's first decision (its predictions)."""
-        eligible = eligible_workers(self.state.snapshot(), f)
+        eligible = self.state.snapshot().servable(f)
         first = self.policy(f, eligible)
         own = reserved_tokens(f, first.predicted.get("output_tokens"))
         limit = self._limit(priority)
@@ -347,7 +335,7 @@ class AdmissionController:
             for kind in kinds:
                 self.metrics.degradations.labels(f.agent, kind).inc()
             return grant.decision, grant.eligible
-        raise self._reject(call, "overloaded", self.policy(f, eligible_workers(self.state.snapshot(), f)))
+        raise self._reject(call, "overloaded", self.policy(f, self.state.snapshot().servable(f)))
 
     def _reject(self, call: ProxyCall, reason: str, first: Decision) -> Overloaded:
         f = call.features
@@ -364,7 +352,7 @@ class AdmissionController:
         finish + one more per worker's worth of the queued requests that go first) x how long a request
         holds one, in [1, 60]."""
         try:
-            eligible = eligible_workers(self.state.snapshot(), f)
+            eligible = self.state.snapshot().servable(f)
         except NoHealthyWorker:
             return 1.0
         own, limit, best = reserved_tokens(f, first.predicted.get("output_tokens")), self._limit(f.priority), math.inf

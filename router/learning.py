@@ -148,7 +148,7 @@ class PredictorRuntime:
         if record.backend in self.unprofiled:
             fleet, waited = record.fleet, record.queue_wait_s or 0.0  # the worker's timings: from when it was sent
             ttft = record.ttft_s - waited if record.ttft_s is not None else None
-            ttft, e2e = unshared(record.predicted, ttft, record.e2e_s - waited)  # as it would run alone on its GPU
+            ttft, e2e, _ = unshared(record.predicted, ttft, record.e2e_s - waited)  # as it would run alone on its GPU
             share = float(fleet.get("prefix_share") or 0.0)
             self.unprofiled.answer(record.backend, fleet, record.prompt_tokens or 0, share, record.completion_tokens,
                                    ttft, e2e)  # fmt: skip

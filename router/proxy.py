@@ -56,18 +56,9 @@ WATCH_AFTER_S = 0.02  # how long a request runs before the client's disconnect i
 
 
 def choose(view: FleetView, policy: Policy, features: RequestFeatures) -> tuple[Decision, FleetSnapshot]:
-    """The policy's ranking among eligible workers. Raises NoHealthyWorker."""
-    snapshot = view.snapshot()
-    eligible = snapshot.eligible(features)
-    if not eligible.backends:
-        # The prompt estimate is rough: where it exceeds every healthy worker's context, let a
-        # worker judge the real length (it answers 400 if the prompt is indeed too long).
-        healthy = tuple(b for b in snapshot.backends if b.healthy and b.model in features.models)
-        if not healthy:
-            raise NoHealthyWorker(f"no healthy worker serves {', '.join(features.models)}")
-        eligible = snapshot.among(healthy)
-    decision = policy(features, eligible)
-    return decision, eligible
+    """The policy's ranking among the servable workers (:meth:`FleetSnapshot.servable`). Raises NoHealthyWorker."""
+    eligible = view.snapshot().servable(features)
+    return policy(features, eligible), eligible
 
 
 class ProxyResponse:

@@ -31,11 +31,6 @@ from collections.abc import Sequence
 from backends.sim.engine import Batch, Engine
 from router.core.profile import GPU_SWITCH_S, GPU_TIMESLICE_S
 
-#: The driver's timeslice and the cost of handing the GPU to another context, in real H200 seconds
-#: (divided by ``speedup``): :data:`router.core.profile.GPU_TIMESLICE_S` and ``GPU_SWITCH_S`` (docs/profiling.md).
-TIMESLICE_S = GPU_TIMESLICE_S
-SWITCH_S = GPU_SWITCH_S
-
 _EPS = 1e-12
 
 
@@ -51,7 +46,8 @@ class _Step:
 class SharedGPU:
     """One GPU time line for several engines (all in one event loop)."""
 
-    def __init__(self, engines: Sequence[Engine], timeslice: float = TIMESLICE_S, switch: float = SWITCH_S) -> None:
+    def __init__(self, engines: Sequence[Engine], timeslice: float = GPU_TIMESLICE_S,
+                 switch: float = GPU_SWITCH_S) -> None:
         if not engines:
             raise ValueError("a shared GPU needs at least one engine")
         if timeslice <= 0 or switch < 0:

@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from router.core.errors import NoHealthyWorker
+
 Endpoint = Literal["chat", "completions", "responses"]
 
 
@@ -98,6 +100,18 @@ class FleetSnapshot:
             if b.healthy and b.model in features.models and features.prompt_tokens < b.max_model_len
         )
         return self.among(keep)
+
+    def servable(self, features: RequestFeatures) -> FleetSnapshot:
+        """The eligible workers, else any healthy one serving the request's models: the prompt estimate is rough,
+        so where it exceeds every healthy worker's context a worker judges the real length (it answers 400 if the
+        prompt is indeed too long). Raises NoHealthyWorker when no healthy worker serves them."""
+        eligible = self.eligible(features)
+        if eligible.backends:
+            return eligible
+        healthy = tuple(b for b in self.backends if b.healthy and b.model in features.models)
+        if not healthy:
+            raise NoHealthyWorker(f"no healthy worker serves {', '.join(features.models)}")
+        return self.among(healthy)
 
 
 @dataclass(frozen=True, slots=True)

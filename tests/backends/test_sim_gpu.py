@@ -16,11 +16,13 @@ import pytest
 import uvicorn
 
 from backends.sim.engine import Engine, Request
-from backends.sim.gpu import SWITCH_S, TIMESLICE_S, SharedGPU
+from backends.sim.gpu import SharedGPU
 from backends.sim.server import SimSettings, create_shared_gpu_app
 from backends.sim.textgen import Answer
 from predictor.prior import WorkerProfile
 from predictor.sharing import decode_step, stretched, turn_wait
+from router.core.profile import GPU_SWITCH_S as SWITCH_S
+from router.core.profile import GPU_TIMESLICE_S as TIMESLICE_S
 from router.core.profile import load_profile
 from router.core.types import BackendView
 from router.serve import sim_command, sim_groups

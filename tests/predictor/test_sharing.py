@@ -106,9 +106,9 @@ def test_the_policy_keeps_a_shared_gpu_on_the_busy_worker() -> None:
 
 def test_logged_timings_are_learned_as_the_worker_alone() -> None:
     predicted = {TTFT_STRETCH: 1.5, DECODE_STRETCH: 2.0}
-    assert unshared(predicted, 0.3, 2.3) == pytest.approx((0.2, 1.2))
-    assert unshared(predicted, None, 2.0) == (None, 1.0)
-    assert unshared({}, 0.3, 2.3) == (0.3, 2.3)
+    assert unshared(predicted, 0.3, 2.3) == pytest.approx((0.2, 1.2, None))
+    assert unshared(predicted, None, 2.0) == (None, 1.0, None)
+    assert unshared({}, 0.3, 2.3) == (0.3, 2.3, None)
     rec = {"backend": "q7", "model": "qwen2.5-7b", "fleet": {"profile": "h200-qwen2.5-7b"}, "ttft_s": 0.3,
            "e2e_s": 2.3, "tpot_s": 0.01, "completion_tokens": 200, "predicted": predicted}  # fmt: skip
     s = to_sample(rec)
