@@ -60,8 +60,8 @@ def unseen(cfg: Config) -> Config:
     """``cfg`` as a gateway in front of workers it has never seen would be configured: every backend a plain
     ``url:`` worker (no ``sim:``, ``profile:`` or ``quality:``, so nothing of the sims' profiles or speedups reaches
     the router), and every figure in modelled time in wall-clock time (divided by the fleet's sim speedup: each
-    agent's SLA, the predictive policy's ``wrong_answer_s`` and ``wrong_answer_stage_s``), as a user who measured
-    those workers would write them."""
+    agent's SLA, the predictive policy's ``wrong_answer_s``, ``wrong_answer_stage_s`` and ``sla_miss_s``), as a
+    user who measured those workers would write them."""
     speeds = {b.sim.speedup for b in cfg.backends if b.sim is not None}
     k = 1.0 / speeds.pop() if len(speeds) == 1 else 1.0
     backends = tuple(b.model_copy(update={"sim": None, "profile": None, "quality": None}) for b in cfg.backends)
@@ -71,9 +71,10 @@ def unseen(cfg: Config) -> Config:
 
     agents = tuple(a.model_copy(update={"sla": wall(a.sla)}) for a in cfg.agents)
     po = cfg.gateway.policy_options
-    options = po.model_copy(
-        update={"wrong_answer_s": po.wrong_answer_s * k, "wrong_answer_stage_s": po.wrong_answer_stage_s * k}
-    )
+    update = {"wrong_answer_s": po.wrong_answer_s * k, "wrong_answer_stage_s": po.wrong_answer_stage_s * k}
+    if po.sla_miss_s is not None:
+        update["sla_miss_s"] = po.sla_miss_s * k
+    options = po.model_copy(update=update)
     gateway = cfg.gateway.model_copy(update={"policy_options": options})
     return cfg.model_copy(update={"backends": backends, "agents": agents, "gateway": gateway})
 

@@ -31,6 +31,15 @@ def test_the_gateway_gets_no_sim_profile_speedup_or_quality_and_wall_clock_figur
     for a, was in zip(blind.agents, cfg.agents, strict=True):  # modelled time / speedup 0.5
         assert (a.sla.ttft_ms, a.sla.e2e_ms) == (2 * was.sla.ttft_ms, 2 * was.sla.e2e_ms)
     assert blind.gateway.policy_options.wrong_answer_s == 2 * cfg.gateway.policy_options.wrong_answer_s
+    assert blind.gateway.policy_options.sla_miss_s is None
+
+
+def test_a_priced_sla_is_handed_over_in_wall_clock_time():
+    cfg = load_config("examples/bench-unseen.yaml")
+    po = cfg.gateway.policy_options.model_copy(update={"sla_miss_s": 3.0, "wrong_answer_stage_s": 1.5})
+    blind = unseen(cfg.model_copy(update={"gateway": cfg.gateway.model_copy(update={"policy_options": po})}))
+    got = blind.gateway.policy_options
+    assert (got.sla_miss_s, got.wrong_answer_stage_s) == (6.0, 3.0)  # modelled seconds / speedup 0.5
 
 
 def test_the_unseen_fleets_models_have_no_shipped_profile_and_their_sims_load():
