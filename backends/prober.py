@@ -1,10 +1,12 @@
 """Active health checks: one asyncio task per worker probes ``/health`` and scrapes ``/metrics``.
 
-Each round: ``GET {url}/health`` (ok means 200), then, only if healthy, ``GET {url}/metrics``
-parsed by :func:`backends.scrape.parse_vllm_metrics`. A worker whose /health is fine but whose
-/metrics fails is still healthy; its metrics just go stale (``metrics_age_s`` grows). Each request
-is bounded by ``probe_timeout_s`` so a stalled worker cannot stall its prober, and rounds follow a
-fixed cadence so a slow probe does not push the next ones back.
+Each round: ``GET {url}/health`` (ok means 200), then, only if healthy, the worker's metrics by its engine's
+names (:mod:`backends.engines`: ``GET {url}/metrics`` but for TensorRT-LLM's ``/prometheus/metrics``, and
+LightLLM's KV use from ``/token_load``), parsed by :func:`backends.scrape.parse_metrics`. A worker with no
+``engine:`` is read by the names its ``/metrics`` carries (found again whenever they stop parsing). A worker
+whose /health is fine but whose metrics fail is still healthy; its metrics just go stale (``metrics_age_s``
+grows). Each request is bounded by ``probe_timeout_s`` so a stalled worker cannot stall its prober, and rounds
+follow a fixed cadence so a slow probe does not push the next ones back.
 
 A healthy worker's ``GET {url}/v1/models`` is also checked, on its first good probe and then every
 ``MODEL_CHECK_S``: a worker that lists models but not the configured ``model`` (started with another
@@ -25,7 +27,8 @@ from collections.abc import Sequence
 
 import httpx2 as httpx
 
-from backends.scrape import parse_vllm_metrics
+from backends.engines import BY_ENGINE, EngineMetrics, detect, json_load
+from backends.scrape import parse_metrics
 from router.core import paths
 from router.core.config import BackendConfig, HealthConfig
 from router.core.errors import ChimeraError, WorkerProtocolError
@@ -57,6 +60,7 @@ class Prober:
         self._tasks: list[asyncio.Task[None]] = []
         self._last_ok: dict[str, bool] = {}
         self._model_ok_at: dict[str, float] = {}  # when each worker last listed its configured model
+        self._detected: dict[str, EngineMetrics] = {}  # the engine of each worker without ``engine:``, once seen
 
     async def start(self) -> None:
         if self._tasks:
@@ -91,13 +95,55 @@ class Prober:
             return False, None
         self._note(backend, True, "")
         try:
-            resp = await self._get(backend, paths.WORKER_METRICS)
-            if resp.status_code != 200:
-                raise WorkerProtocolError(f"/metrics answered {resp.status_code}", backend=backend.name)
-            return True, parse_vllm_metrics(resp.text)
+            return True, await self._scrape(backend)
         except (httpx.HTTPError, TimeoutError, WorkerProtocolError) as exc:
             log.debug("worker %s: metrics unavailable: %s", backend.name, _describe(exc))
+            self._detected.pop(backend.name, None)
             return True, None
+
+    async def _scrape(self, backend: BackendConfig) -> ScrapedMetrics:
+        spec = BY_ENGINE[backend.engine] if backend.engine else self._detected.get(backend.name)
+        if spec is None:
+            spec, text = await self._detect(backend)
+        else:
+            text = await self._text(backend, spec.metrics_path)
+        kv = await self._json_kv(backend, spec.kv_json) if spec.kv_json else None
+        metrics = parse_metrics(text, spec, kv)
+        if backend.engine is None and backend.name not in self._detected:
+            log.info("worker %s: %s metrics", backend.name, spec.engine)
+            self._detected[backend.name] = spec
+        return metrics
+
+    async def _detect(self, backend: BackendConfig) -> tuple[EngineMetrics, str]:
+        """The engine a worker without ``engine:`` runs, by the load metrics it exposes, and that text."""
+        text = await self._text(backend, paths.WORKER_METRICS)
+        spec = detect(text)
+        if spec is None:  # TensorRT-LLM answers /metrics with JSON iteration stats, Prometheus elsewhere
+            other = BY_ENGINE["trtllm"].metrics_path
+            try:
+                text = await self._text(backend, other)
+            except WorkerProtocolError:
+                pass
+            spec = detect(text)
+        if spec is None:
+            raise WorkerProtocolError(f"no known engine's load metrics in {paths.WORKER_METRICS}", backend=backend.name)
+        return spec, text
+
+    async def _text(self, backend: BackendConfig, path: str) -> str:
+        resp = await self._get(backend, path)
+        if resp.status_code != 200:
+            raise WorkerProtocolError(f"{path} answered {resp.status_code}", backend=backend.name)
+        return resp.text
+
+    async def _json_kv(self, backend: BackendConfig, where: tuple[str, str]) -> float | None:
+        """KV use from a JSON endpoint (LightLLM's ``/token_load``); None where it does not say."""
+        path, key = where
+        try:
+            resp = await self._get(backend, path)
+            value = json_load(resp.json().get(key)) if resp.status_code == 200 else None
+        except (ValueError, AttributeError):
+            return None
+        return None if value is None or not 0.0 <= value <= 1.5 else value
 
     async def _wrong_model(self, backend: BackendConfig) -> str:
         """Why the worker does not serve its configured model ("" where it does, or cannot tell)."""

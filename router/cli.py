@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from router.core.config import Config, PolicyOptions, load_config
 from router.core.errors import ChimeraError, ConfigError
+from router.core.types import ENGINES
 from router.policies import USES_PREDICTOR
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-model-len", type=int, help="as vLLM's: the longest prompt + output (default: the profile's)")
     m.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
                    help="as vLLM's: the waiting queue in arrival order, or by each request's priority")  # fmt: skip
+    m.add_argument("--engine", choices=ENGINES, default="vllm",
+                   help="serve this engine's metrics, health and identity endpoints (default: vLLM's)")  # fmt: skip
     m.add_argument(
         "--also", action="append", default=[],
         metavar="port=P,profile=X[,model=M,kv_tokens=K,max_model_len=L,seed=S,host=H,...]",
@@ -221,6 +224,7 @@ def sim_workers(args: argparse.Namespace) -> tuple[SimSettings, list[tuple[SimSe
         max_num_batched_tokens=args.max_num_batched_tokens,
         scheduling_policy=args.scheduling_policy,
         max_model_len=args.max_model_len,
+        engine=args.engine,
     )
     check_settings(settings)
     also = [_sim_also(spec, settings, args.host) for spec in args.also]
@@ -231,7 +235,7 @@ def sim_workers(args: argparse.Namespace) -> tuple[SimSettings, list[tuple[SimSe
 
 
 _ALSO_INTS = ("port", "kv_tokens", "seed", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
-_ALSO_KEYS = ("host", "model", "profile", "scheduling_policy", *_ALSO_INTS)
+_ALSO_KEYS = ("host", "model", "profile", "scheduling_policy", "engine", *_ALSO_INTS)
 
 
 def _sim_also(spec: str, first: SimSettings, host: str) -> tuple[SimSettings, str, int]:

@@ -101,4 +101,5 @@ def _backend_json(b: BackendView, predicted: dict[str, float]) -> dict[str, Any]
         "predicted_e2e_ms": predicted.get("e2e_ms"),
         "tags": sorted(b.tags),
         "gpu": b.gpu,  # host/gpu: workers with the same one time-share that GPU
+        "engine": b.engine,  # vllm, sglang, tgi, trtllm or lightllm: configured, else read from its metrics
     }

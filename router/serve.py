@@ -71,6 +71,8 @@ def _sim_settings(b: BackendConfig) -> list[tuple[str, str]]:
         out.append(("max_num_batched_tokens", str(s.max_num_batched_tokens)))
     if b.scheduling_policy != "fcfs":
         out.append(("scheduling_policy", b.scheduling_policy))
+    if b.engine not in (None, "vllm"):
+        out.append(("engine", b.engine))
     return out
 
 

@@ -23,7 +23,7 @@ import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from backends.listen import listen
-from backends.sim import api, responses, responses_stream, toolchat
+from backends.sim import api, flavours, responses, responses_stream, toolchat
 from backends.sim.api import JSON_HEADERS, SSE_HEADERS, ChunkWriter, Completion
 from backends.sim.choices import abort_on_disconnect, complete_many
 from backends.sim.engine import Engine, Request, Status
@@ -39,6 +39,7 @@ from router.core import paths
 from router.core.asgi import ASGIApp, Receive, Scope, Send, read_body, respond
 from router.core.errors import ProfileError, SimApiError
 from router.core.profile import Profile, load_profile, positive_int
+from router.core.types import ENGINES
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class SimSettings:
     max_num_batched_tokens: int | None = None
     scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: fcfs | priority
     max_model_len: int | None = None  # vLLM's --max-model-len; default = profile's (capped at the KV capacity)
+    engine: str = "vllm"  # whose metrics, health and identity endpoints it serves (backends/sim/flavours.py)
 
 
 def check_settings(settings: SimSettings) -> Profile:
@@ -74,6 +76,8 @@ def check_settings(settings: SimSettings) -> Profile:
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         positive_int(name, getattr(settings, name))
     make_queue(settings.scheduling_policy)  # raises on an unknown policy
+    if settings.engine not in ENGINES:
+        raise ProfileError(f"engine must be one of {', '.join(ENGINES)}, got {settings.engine!r}", setting="engine")
     return profile
 
 
@@ -106,7 +110,11 @@ class SimApp:
         self.tokenizer = tokenizer_for(self.profile.tokenizer)
         # vLLM refuses to start when max_model_len does not fit the KV cache; the sim caps it instead.
         self.max_model_len = min(settings.max_model_len or self.profile.max_model_len, self.engine.capacity_tokens)
-        self.registry = make_registry(self.engine, self.model)
+        self.flavour = settings.engine
+        self.registry = make_registry(self.engine, self.model, self.flavour)
+        self._metrics_path = flavours.METRICS_PATH[self.flavour]
+        self._health_paths = flavours.HEALTH_PATHS[self.flavour]
+        self._ok = flavours.OK_BODY.get(self.flavour, b"")
         self.tokenization = Tokenization(self.tokenizer, self.model, self.max_model_len)
         self._created = int(time.time())
         # which process answers: `chimera serve` checks it is the worker it started, not one already on the port
@@ -156,25 +164,28 @@ class SimApp:
                     405 if path in (paths.HEALTH, paths.MODELS, paths.METRICS, paths.VERSION) else 404,
                     "Method Not Allowed",
                 )
-            elif path == paths.HEALTH:
-                await respond(send, 200, b"", self._health_headers)
-            elif path == paths.METRICS:
+            elif path in self._health_paths:
+                await respond(send, 200, self._ok, self._health_headers)
+            elif path == self._metrics_path:
                 await respond(send, 200, exposition(self.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())])
             elif path == paths.MODELS:
                 await respond(send, 200, self._models(), JSON_HEADERS)
-            elif path == paths.VERSION:
-                await respond(send, 200, b'{"version":"0.26.0+sim"}', JSON_HEADERS)
+            elif (found := self._identity(path)) is not None:
+                await respond(send, 200, flavours.dumps(found), JSON_HEADERS)
             else:
                 raise SimApiError(404, "Not Found")
         except SimApiError as err:
             await respond(send, err.status, err.body(), JSON_HEADERS)
+
+    def _identity(self, path: str) -> Any:
+        return flavours.identity(self.flavour, path, self.engine, self.model, self.max_model_len)
 
     def _models(self) -> bytes:
         card = {
             "id": self.model,
             "object": "model",
             "created": self._created,
-            "owned_by": "vllm",
+            "owned_by": flavours.OWNED_BY.get(self.flavour, self.model),
             "root": self.model,
             "parent": None,
             "max_model_len": self.max_model_len,

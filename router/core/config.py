@@ -23,6 +23,7 @@ from router.core.options import AdmissionConfig as AdmissionConfig
 from router.core.options import EnginePriorityConfig as EnginePriorityConfig
 from router.core.options import PolicyOptions as PolicyOptions
 from router.core.options import PredictorConfig as PredictorConfig
+from router.core.types import Engine
 from router.core.yamlload import Loc, dotted, nearest_line, read_yaml
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -98,6 +99,9 @@ class BackendConfig(_Frozen):
     quality: Annotated[float, Field(ge=0, le=1)] | None = None
     """How good its model's answers are, 0..1 (from its published benchmark scores, say; a reference: Qwen2.5-7B
     0.78, 1.5B 0.6): what the predictive policy weighs against speed (default: the profile's)."""
+    engine: Engine | None = None
+    """The server it runs: `vllm`, `sglang`, `tgi`, `trtllm` or `lightllm`, whose own metrics give its running and
+    waiting requests and KV use (default: detected from its `/metrics`)."""
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     """What the worker runs (vLLM's `--scheduling-policy`); under `priority` the gateway sends each request's priority
     in its body, and `chimera serve` / `chimera workers up` start it that way."""

@@ -12,6 +12,9 @@ from typing import Literal
 from router.core.errors import NoHealthyWorker
 
 Endpoint = Literal["chat", "completions", "responses"]
+#: the inference servers whose metrics the prober reads (backends/engines.py maps each to the fleet view)
+Engine = Literal["vllm", "sglang", "tgi", "trtllm", "lightllm"]
+ENGINES: tuple[Engine, ...] = ("vllm", "sglang", "tgi", "trtllm", "lightllm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +60,9 @@ class BackendView:
     # max_num_seqs requests as "running" before their prefill is done, so its waiting count does not show it);
     # other replicas' first tokens reach this view within about two sync intervals
     pending_prefill_tokens: int = 0
-    running: int | None = None  # scraped vllm:num_requests_running (None until the first scrape)
-    waiting: int | None = None  # scraped vllm:num_requests_waiting
-    kv_usage: float | None = None  # scraped vllm:kv_cache_usage_perc, 0..1
+    running: int | None = None  # scraped requests in its batch (vllm:num_requests_running; None until a scrape)
+    waiting: int | None = None  # scraped requests queued (vllm:num_requests_waiting)
+    kv_usage: float | None = None  # scraped KV-cache use, 0..1 (vllm:kv_cache_usage_perc)
     metrics_age_s: float | None = None
     consecutive_failures: int = 0
     last_success_age_s: float | None = None  # since the last successful probe or request (None: never)
@@ -70,6 +73,7 @@ class BackendView:
     ttft_bias: float = 1.0
     tpot_bias: float = 1.0
     gpu: str | None = None  # the GPU it time-shares with the workers of the same key (BackendConfig.shared_gpu)
+    engine: str | None = None  # the server it runs: configured, else what its metrics said (None: not yet known)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ class ScrapedMetrics:
     preemptions_total: float | None = None
     prefix_cache_queries_total: float | None = None
     prefix_cache_hits_total: float | None = None
+    engine: str | None = None  # whose metric names they were read from (backends/engines.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ class WorkerRecord:
     max_model_len: int
     tags: frozenset[str]
     gpu: str | None = None
+    engine: str | None = None  # configured (None: detected from its metrics)
     healthy: bool = True
     consecutive_failures: int = 0
     consecutive_probe_successes: int = 0
@@ -84,7 +85,9 @@ class FleetTable:
         self.health = health
         self.clock = clock
         self.records: dict[str, WorkerRecord] = {
-            b.name: WorkerRecord(b.name, b.model, b.kv_budget_tokens, b.max_model_len, frozenset(b.tags), b.shared_gpu)
+            b.name: WorkerRecord(
+                b.name, b.model, b.kv_budget_tokens, b.max_model_len, frozenset(b.tags), b.shared_gpu, b.engine
+            )
             for b in backends
         }
         self.any_probe_ok = False
@@ -266,5 +269,6 @@ def _build(r: WorkerRecord, now: float) -> BackendView:
         ttft_bias=_bias(r.ttft_log_bias, fade),
         tpot_bias=_bias(r.tpot_log_bias, fade),
         gpu=r.gpu,
+        engine=r.engine or (m.engine if m else None),
     )
     return r.view

@@ -73,6 +73,7 @@ def test_vllm_v1_format() -> None:
         preemptions_total=8.0,
         prefix_cache_queries_total=20480.0,
         prefix_cache_hits_total=8192.0,
+        engine="vllm",
     )
 
 
