@@ -71,6 +71,7 @@ class Scenario:
     degrade_max_tokens: int = 64
     aging_s: float = 2.0
     admission: bool = True
+    adaptive: bool = False  # gateway.admission.adaptive: per-worker concurrency limits moved by feedback
     policy: str = "least_outstanding"
     scheduling_policy: str = "fcfs"  # the workers' (vLLM's); "priority": the agents' priorities reach their queues
 
@@ -121,7 +122,7 @@ def scenario_config(s: Scenario, urls: Mapping[str, str], *, sims: bool = False,
                                "health": {"probe_interval_s": 0.25}}  # fmt: skip
     if s.admission:
         gateway["admission"] = {"kv_full_ratio": s.kv_full_ratio, "degrade_max_tokens": s.degrade_max_tokens,
-                                "aging_s": s.aging_s}  # fmt: skip
+                                "aging_s": s.aging_s, "adaptive": s.adaptive}  # fmt: skip
     return {"gateway": gateway, "backends": backends, "agents": agents}
 
 
@@ -194,6 +195,13 @@ def meets_sla(o: Outcome, sla: Mapping[str, float]) -> bool:
     return not ("e2e_ms" in sla and o.e2e_s * 1000 > sla["e2e_ms"])
 
 
+def _p99_ms(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)] * 1000.0, 1)
+
+
 def read_queue_waits(request_log: str | Path) -> dict[str, float]:
     """Per agent, the longest ``queue_wait_s`` in a gateway request log."""
     waits: dict[str, float] = {}
@@ -223,6 +231,8 @@ def summarize(s: Scenario, outcomes: list[Outcome], queue_waits: Mapping[str, fl
             "deadline_s": round(deadline_s, 3),
             "max_queue_wait_s": round((queue_waits or {}).get(a.agent, 0.0), 3),
             "max_429_latency_s": round(max((o.e2e_s for o in rejected), default=0.0), 3),
+            "sla_met": sum(meets_sla(o, sla) for o in mine),
+            "ttft_p99_ms": _p99_ms([o.ttft_s if o.ttft_s is not None else o.e2e_s for o in mine if o.status == 200]),
             "drain_ok": sum(o.status == 200 for o in mine if o.sent_at >= s.duration_s),
             "drain_requests": sum(o.sent_at >= s.duration_s for o in mine),
         }  # fmt: skip

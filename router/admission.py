@@ -5,7 +5,8 @@ latency, the chosen worker is predicted to meet the request's SLA given the time
 waited. A worker has room when its reservations (every replica's, plus grants not yet reserved)
 with this request's stay within ``kv_full_ratio`` x its KV budget — lowered by
 ``priority_headroom`` per priority level, so urgent agents find room batch agents may not take —
-and vLLM reports at most ``max_waiting`` waiting requests. An idle worker always has room.
+and vLLM reports at most ``max_waiting`` waiting requests. An idle worker always has room. With ``adaptive`` each
+worker has a ratio of its own in place of ``kv_full_ratio``, moved by feedback (:mod:`router.concurrency`).
 
 A request that is not servable now, or that would overtake a more urgent queued request for the
 same models, gets its agent's ``on_overload``:
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from router.call import ProxyCall
+from router.concurrency import AdaptiveLimits
 from router.core.config import AdmissionConfig, AgentConfig, Config
 from router.core.errors import NoHealthyWorker, Overloaded
 from router.core.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
@@ -140,6 +142,15 @@ class AdmissionController:
         self.queue = AdmissionQueue(self.options.aging_s)
         self._held: dict[str, tuple[int, int]] = {}  # worker -> (requests, tokens) granted, not reserved
         self._ticker: asyncio.Task[None] | None = None
+        o = self.options
+        gauge = metrics.admission_ratio
+
+        def moved(worker: str, ratio: float) -> None:
+            gauge.labels(worker).set(ratio)
+
+        interval = config.gateway.health.probe_interval_s
+        self.adaptive = (AdaptiveLimits(o.kv_full_ratio, o.target_kv_usage, o.ttft_tolerance, interval, moved)
+                         if o.adaptive else None)  # fmt: skip
 
     async def close(self) -> None:
         task, self._ticker = self._ticker, None
@@ -208,6 +219,9 @@ class AdmissionController:
             return False
         if v.inflight_requests + held_r == 0:
             return True  # an idle worker takes any request: waiting would not make it fit better
+        if self.adaptive is not None:  # its own ratio, moved by feedback, scaled per priority as kv_full_ratio is
+            need = v.inflight_tokens + held_t + own
+            limit *= self.adaptive.ratio(v, self.clock(), need) / self.options.kv_full_ratio
         return v.inflight_tokens + held_t + own <= limit * v.kv_budget_tokens
 
     def _late(self, f: RequestFeatures, d: Decision, room: FleetSnapshot, arrived: float, now: float) -> bool:

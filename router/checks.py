@@ -78,6 +78,9 @@ def _inert(config: Config) -> Iterator[tuple[tuple[str | int, ...], str]]:
     if g.admission is not None and "degrade_max_tokens" in g.admission.model_fields_set:
         if not any(a.on_overload == "degrade" for a in config.agents):
             yield ("gateway", "admission", "degrade_max_tokens"), "does nothing: no agent has on_overload: degrade"
+    if g.admission is not None and not g.admission.adaptive:
+        for key in sorted({"target_kv_usage", "ttft_tolerance"} & g.admission.model_fields_set):
+            yield ("gateway", "admission", key), "does nothing without adaptive: true"
     pc = g.predictor
     if pc is not None and pc.save is not None and pc.refit_interval_s == 0:
         yield ("gateway", "predictor", "save"), "does nothing with refit_interval_s: 0 (no online refit to save)"

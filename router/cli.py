@@ -160,6 +160,8 @@ def describe(cfg: Config, file: str) -> str:
             extra.append(f"launch={b.launch.hf_model} gpu={b.launch.gpu} kv={b.launch.kv_cache_gib:g}GiB")
         if b.tags:
             extra.append("tags=" + ",".join(b.tags))
+        if b.engine is not None:
+            extra.append(f"engine={b.engine}")
         if b.scheduling_policy != "fcfs":
             extra.append(f"scheduling={b.scheduling_policy}")
         if b.api_key:

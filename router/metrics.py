@@ -83,6 +83,9 @@ class Metrics:
         # Overload (router.admission, router.ratelimit)
         self.queue_depth = Gauge("chimera_queue_depth", "Requests waiting in the admission queue.",
                                  ["agent"], registry=r, multiprocess_mode="livesum")  # fmt: skip
+        self.admission_ratio = Gauge("chimera_admission_ratio",
+                                     "The share of its KV budget the worker's reservations may fill (adaptive "
+                                     "admission).", ["backend"], registry=r, multiprocess_mode=latest)  # fmt: skip
         self.queue_wait = Histogram("chimera_queue_wait_seconds", "Time spent in the admission queue.",
                                     ["agent"], buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
         self.rejections = Counter("chimera_rejections_total", "Requests answered 429, by reason.",

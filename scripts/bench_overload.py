@@ -7,6 +7,14 @@ Each run is a fresh `chimera serve` process (it starts the two simulated workers
 config written from the scenario; the load comes from this process through the openai SDK. With
 ``--baseline`` every multiple also runs once (seed 0) with ``gateway.admission`` removed, for
 comparison. Prints a markdown table (the one in docs/benchmarks.md, "Overload").
+
+    python scripts/bench_overload.py --modes none,static,adaptive --multiples 1,2,3 --seeds 0,1,2 \
+        --out docs/results/overload-adaptive.json
+
+runs every multiple and seed without admission (``none``), with the static ``kv_full_ratio`` (``static``) and with
+``adaptive: true`` (``adaptive``), and prints one line per multiple and mode: the interactive agent's TTFT p99 and
+SLA attainment, goodput (requests that met their agent's SLA per second) and throughput (answers per second), each
+the mean over the seeds (docs/benchmarks.md, "Adaptive admission").
 """
 
 from __future__ import annotations
@@ -49,7 +57,8 @@ def run(s: Scenario, tmp: Path, workers: list[str] | None = None) -> dict[str, A
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return {"scenario": {"multiple": s.multiple, "seed": s.seed, "admission": s.admission, "speedup": s.speedup,
+    return {"scenario": {"multiple": s.multiple, "seed": s.seed, "admission": s.admission, "adaptive": s.adaptive,
+                         "speedup": s.speedup,
                          "duration_s": s.duration_s, "drain_s": s.drain_s, "kv_tokens": s.kv_tokens,
                          "workers": s.workers, "scheduling_policy": s.scheduling_policy,
                          "workers_at": list(urls.values()) if workers else "sims"},
@@ -75,6 +84,34 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def mode_of(sc: dict[str, Any]) -> str:
+    return "adaptive" if sc.get("adaptive") else "static" if sc["admission"] else "none"
+
+
+def modes_table(results: list[dict[str, Any]]) -> str:
+    """Per multiple and mode, means over seeds: interactive TTFT p99 and SLA, goodput and throughput (per second of
+    offered load, the drain included)."""
+    rows: dict[tuple[float, str], list[tuple[float, float, float, float, int]]] = {}
+    for r in results:
+        sc, agents = r["scenario"], r["agents"]
+        span = sc["duration_s"] + sc["drain_s"]
+        ia = agents["interactive"]
+        rows.setdefault((sc["multiple"], mode_of(sc)), []).append((
+            ia["ttft_p99_ms"] or 0.0, ia["sla_attainment"] or 0.0,
+            sum(a["sla_met"] for a in agents.values()) / span, sum(a["ok"] for a in agents.values()) / span,
+            sum(a["5xx"] + a["other_errors"] for a in agents.values()),
+        ))  # fmt: skip
+    lines = ["| load | admission | seeds | interactive TTFT p99 (ms) | interactive SLA | goodput (rps) "
+             "| throughput (rps) | errors |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    order = ["none", "static", "adaptive"]
+    for (m, mode), xs in sorted(rows.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
+        k = len(xs)
+        mean = [sum(x[i] for x in xs) / k for i in range(4)]
+        lines.append(f"| {m:g}x | {mode} | {k} | {mean[0]:.0f} | {mean[1]:.3f} | {mean[2]:.2f} | {mean[3]:.2f} "
+                     f"| {sum(x[4] for x in xs)} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--multiples", default="2,3")
@@ -90,6 +127,8 @@ def main() -> None:
         choices=("fcfs", "priority"),
         help="the workers' scheduling (priority: each request's priority reaches the sims' queues)",
     )
+    ap.add_argument("--modes", default="", help="none,static,adaptive: run every multiple and seed in each (overrides "
+                    "--baseline and --no-admission)")  # fmt: skip
     ap.add_argument("--urls", default="", help="comma-separated URLs of running workers (real vLLM) instead of sims")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -97,6 +136,10 @@ def main() -> None:
     for m in (float(x) for x in args.multiples.split(",")):
         kw = {"multiple": m, "duration_s": args.duration, "drain_s": args.drain, "speedup": args.speedup,
               "scheduling_policy": args.scheduling_policy}  # fmt: skip
+        if args.modes:
+            scenarios += [Scenario(seed=int(seed), admission=mode != "none", adaptive=mode == "adaptive", **kw)
+                          for seed in args.seeds.split(",") for mode in args.modes.split(",")]  # fmt: skip
+            continue
         scenarios += [Scenario(seed=int(seed), admission=not args.no_admission, **kw)
                       for seed in args.seeds.split(",")]  # fmt: skip
         if args.baseline:
@@ -107,6 +150,8 @@ def main() -> None:
             results.append(run(s, Path(tmp), args.urls.split(",") if args.urls else None))
             print(table(results[-1:]).split("\n", 2)[2], flush=True)
     print(table(results))
+    if args.modes:
+        print(modes_table(results))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
 

@@ -307,6 +307,9 @@ class Config(_Frozen):
                 _check_profile(("backends", i, "profile"), b.profile)
             if b.sim is not None:
                 _check_profile(("backends", i, "sim", "profile"), b.sim.profile)
+            if b.launch is not None and b.engine not in (None, "vllm"):
+                raise _At(("backends", i, "engine"), f"launch: starts vLLM, not {b.engine} (drop launch: and start "
+                          "the worker yourself, or drop engine:)")  # fmt: skip
         _check_shared_gpus(self.backends)
         served = {b.model for b in self.backends}
         for i, agent in enumerate(self.agents):

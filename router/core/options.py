@@ -84,6 +84,13 @@ class AdmissionConfig(_Frozen):
     """`on_overload: degrade` caps `max_tokens` to this."""
     predicted_deadline: bool = True
     """Also refuse or queue a request the policy predicts would miss its SLA."""
+    adaptive: bool = False
+    """Give each worker a ratio of its own in place of `kv_full_ratio`, moved by feedback: its scraped KV use toward
+    `target_kv_usage`, its own queue, its TTFT against its idle value (docs/overload.md)."""
+    target_kv_usage: Annotated[float, Field(gt=0, le=1)] = 0.8
+    """`adaptive`: the KV use each worker is steered toward."""
+    ttft_tolerance: Annotated[float, Field(gt=1)] = 3.0
+    """`adaptive`: a worker whose TTFT average exceeds this many times its idle value gets a lower ratio."""
 
 
 class EnginePriorityConfig(_Frozen):

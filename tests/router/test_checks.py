@@ -54,6 +54,7 @@ def test_with_admission_on_overload_has_its_meaning(tmp_path: Path) -> None:
         ("", "    priority: 0\n", "agents[batch].priority"),
         ("  engine_priority: {aging_s: 2}\n", "", "gateway.engine_priority"),
         ("  admission: {degrade_max_tokens: 64}\n", "", "gateway.admission.degrade_max_tokens"),
+        ("  admission: {ttft_tolerance: 2}\n", "", "gateway.admission.ttft_tolerance"),
         ("  predictor: {save: m.pkl, refit_interval_s: 0}\n", "", "gateway.predictor.save"),
     ],
 )

@@ -91,6 +91,10 @@ def test_good_config_loads_frozen_with_env_substituted(tmp_path: Path, monkeypat
         # a simulated worker's profile is checked at load, not when `chimera serve` starts it
         ("    tags: [long]\n", "    tags: [long]\n    sim: {profile: h200-nope}\n",
          "14: backends[big-0].sim.profile: unknown profile 'h200-nope'"),
+        # an engine the prober knows; `launch:` starts vLLM only
+        ("    tags: [long]\n", "    tags: [long]\n    engine: ollama\n", "14: backends[big-0].engine: Input should be"),
+        ("    tags: [long]\n", "    tags: [long]\n    engine: sglang\n    launch: {hf_model: m, kv_cache_gib: 4}\n",
+         "14: backends[big-0].engine: launch: starts vLLM, not sglang"),
     ],
 )  # fmt: skip
 def test_each_mistake_names_file_line_and_key(old: str, new: str, where: str) -> None:
