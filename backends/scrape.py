@@ -15,6 +15,7 @@ averaged instead.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,15 +28,7 @@ def parse_metrics(text: str, spec: EngineMetrics = VLLM, kv_usage: float | None 
     """Parse exposition text by ``spec``'s names (``kv_usage``: KV use read elsewhere, for an engine whose
     Prometheus text has none). Raises WorkerProtocolError on text that is not Prometheus exposition or that
     carries none of the engine's load gauges (running, waiting, KV use)."""
-    wanted: dict[str, str] = {}
-    for field in (spec.running, spec.waiting, spec.kv_fraction):
-        for name in field:
-            wanted[name] = name
-    for extra in (spec.kv_used_tokens, spec.kv_capacity_tokens):
-        if extra is not None:
-            wanted[extra] = extra
-    for name in (*spec.preemptions, *spec.prefix_queries, *spec.prefix_hits):
-        wanted[name] = wanted[name + "_total"] = name  # counters appear with or without _total
+    wanted = _wanted(spec)
     skip = spec.skip_labels
     values: dict[str, list[float]] = {}
     try:
@@ -65,6 +58,21 @@ def parse_metrics(text: str, spec: EngineMetrics = VLLM, kv_usage: float | None 
         prefix_cache_hits_total=_total(_first(values, spec.prefix_hits)),
         engine=spec.engine,
     )
+
+
+@lru_cache(maxsize=16)
+def _wanted(spec: EngineMetrics) -> dict[str, str]:
+    """Exposed sample name -> the metric it is read as, for one engine (built once per engine)."""
+    wanted: dict[str, str] = {}
+    for field in (spec.running, spec.waiting, spec.kv_fraction):
+        for name in field:
+            wanted[name] = name
+    for extra in (spec.kv_used_tokens, spec.kv_capacity_tokens):
+        if extra is not None:
+            wanted[extra] = extra
+    for name in (*spec.preemptions, *spec.prefix_queries, *spec.prefix_hits):
+        wanted[name] = wanted[name + "_total"] = name  # counters appear with or without _total
+    return wanted
 
 
 def parse_vllm_metrics(text: str) -> ScrapedMetrics:
