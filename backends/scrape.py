@@ -75,11 +75,6 @@ def _wanted(spec: EngineMetrics) -> dict[str, str]:
     return wanted
 
 
-def parse_vllm_metrics(text: str) -> ScrapedMetrics:
-    """:func:`parse_metrics` by vLLM's names."""
-    return parse_metrics(text, VLLM)
-
-
 def _first(values: dict[str, list[float]], names: tuple[str, ...]) -> list[float] | None:
     return next((values[n] for n in names if values.get(n)), None)
 

@@ -24,6 +24,24 @@ from backends.sim.engine import Engine
 from backends.sim.hist import Hist
 
 
+def _gauge(name: str, doc: str, labels: list[str], values: list[str], value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=labels)
+    g.add_metric(values, value)
+    return g
+
+
+def _counter(name: str, doc: str, labels: list[str], values: list[str], value: float) -> CounterMetricFamily:
+    c = CounterMetricFamily(name, doc, labels=labels)
+    c.add_metric(values, value)
+    return c
+
+
+def _hist(name: str, doc: str, labels: list[str], values: list[str], h: Hist) -> HistogramMetricFamily:
+    m = HistogramMetricFamily(name, doc, labels=labels)
+    m.add_metric(values, h.buckets(), h.sum)
+    return m
+
+
 class EngineCollector(Collector):
     def __init__(self, engine: Engine, model_name: str, flavour: str = "vllm") -> None:
         self._engine = engine
@@ -31,82 +49,61 @@ class EngineCollector(Collector):
         self._flavour = flavour
 
     def collect(self) -> Iterator[Metric]:
-        if self._flavour != "vllm":
-            yield from OTHERS[self._flavour](self._engine, self._model)
-            yield from _sim_metrics(self._engine, ["model_name"], [self._model])
-            return
         e, labels, model = self._engine, ["model_name"], [self._model]
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=labels)
-            g.add_metric(model, value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=labels)
-            c.add_metric(model, value)
-            return c
-
-        def hist(name: str, doc: str, h: Hist) -> HistogramMetricFamily:
-            m = HistogramMetricFamily(name, doc, labels=labels)
-            m.add_metric(model, h.buckets(), h.sum)
-            return m
-
-        s = e.stats
-        yield gauge("vllm:num_requests_running", "Requests in model execution batches.", len(e.running))
-        yield gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", len(e.waiting))
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kv.usage)
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig",
-            labels=["block_size", "num_gpu_blocks", "enable_prefix_caching", "model_name"],
-        )
-        info.add_metric([str(e.kv.block_size), str(e.kv.num_blocks), "True", self._model], 1.0)
-        yield info
-        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens)
-        yield counter("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens)
-        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.preemptions)
-        yield counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", s.prefix_queries
-        )
-        yield counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", s.prefix_hits
-        )
-        yield counter("vllm:request_success", "Count of successfully processed requests.", s.finished)
-        yield hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", s.ttft)
-        yield hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", s.e2e)
-        yield hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", s.itl)
-        yield hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase.", s.queue)
-        yield hist(
-            "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", s.prefill
-        )
+        yield from FLAVOURS[self._flavour](e, self._model)
         yield from _sim_metrics(e, labels, model)
+
+
+def _vllm(e: Engine, name: str) -> Iterator[Metric]:
+    """vLLM's names and buckets (label ``model_name``)."""
+    labels, model = ["model_name"], [name]
+
+    def gauge(metric: str, doc: str, value: float) -> GaugeMetricFamily:
+        return _gauge(metric, doc, labels, model, value)
+
+    def counter(metric: str, doc: str, value: float) -> CounterMetricFamily:
+        return _counter(metric, doc, labels, model, value)
+
+    def hist(metric: str, doc: str, h: Hist) -> HistogramMetricFamily:
+        return _hist(metric, doc, labels, model, h)
+
+    s = e.stats
+    yield gauge("vllm:num_requests_running", "Requests in model execution batches.", len(e.running))
+    yield gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", len(e.waiting))
+    yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kv.usage)
+    yield _gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                 ["block_size", "num_gpu_blocks", "enable_prefix_caching", "model_name"],
+                 [str(e.kv.block_size), str(e.kv.num_blocks), "True", name], 1.0)  # fmt: skip
+    yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens)
+    yield counter("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens)
+    yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.preemptions)
+    yield counter(
+        "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", s.prefix_queries
+    )
+    yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", s.prefix_hits)
+    yield counter("vllm:request_success", "Count of successfully processed requests.", s.finished)
+    yield hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", s.ttft)
+    yield hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", s.e2e)
+    yield hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", s.itl)
+    yield hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase.", s.queue)
+    yield hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", s.prefill)
 
 
 def _sim_metrics(e: Engine, labels: list[str], values: list[str]) -> Iterator[Metric]:
     """The simulator's own (``sim:``), which no engine has and the prober never reads."""
     s = e.stats
-    lag = GaugeMetricFamily("sim:engine_lag_seconds", "Lateness of the latest engine step against its schedule.",
-                            labels=labels)  # fmt: skip
-    lag.add_metric(values, s.last_lag)
-    yield lag
-    lags = HistogramMetricFamily("sim:engine_step_lag_seconds", "Lateness of engine steps against their schedule.",
-                                 labels=labels)  # fmt: skip
-    lags.add_metric(values, s.lag.buckets(), s.lag.sum)
-    yield lags
-    busy = "Simulated GPU time of the steps run (wall seconds)."
-    for name, doc, value in (("sim:engine_steps", "Engine steps run.", s.steps),
-                             ("sim:engine_busy_seconds", busy, s.busy_s)):  # fmt: skip
-        c = CounterMetricFamily(name, doc, labels=labels)
-        c.add_metric(values, value)
-        yield c
+    yield _gauge("sim:engine_lag_seconds", "Lateness of the latest engine step against its schedule.", labels, values,
+                 s.last_lag)  # fmt: skip
+    yield _hist("sim:engine_step_lag_seconds", "Lateness of engine steps against their schedule.", labels, values,
+                s.lag)  # fmt: skip
+    yield _counter("sim:engine_steps", "Engine steps run.", labels, values, s.steps)
+    yield _counter("sim:engine_busy_seconds", "Simulated GPU time of the steps run (wall seconds).", labels, values,
+                   s.busy_s)  # fmt: skip
 
 
 def _gauges(rows: list[tuple[str, str, float]], labels: list[str], values: list[str]) -> Iterator[Metric]:
     for name, doc, value in rows:
-        g = GaugeMetricFamily(name, doc, labels=labels)
-        g.add_metric(values, value)
-        yield g
+        yield _gauge(name, doc, labels, values, value)
 
 
 def _sglang(e: Engine, model: str) -> Iterator[Metric]:
@@ -120,17 +117,11 @@ def _sglang(e: Engine, model: str) -> Iterator[Metric]:
         ("sglang:num_used_tokens", "The number of used tokens.", used),
         ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", e.capacity_tokens),
     ], labels, values)  # fmt: skip
-    for name, doc, value in (("sglang:prompt_tokens", "Number of prefill tokens processed.", e.stats.prompt_tokens),
-                             ("sglang:generation_tokens", "Number of generation tokens processed.",
-                              e.stats.generation_tokens),
-                             ("sglang:num_requests", "Number of requests processed.", e.stats.finished)):  # fmt: skip
-        c = CounterMetricFamily(name, doc, labels=labels[:2])
-        c.add_metric(values[:2], value)
-        yield c
-    h = HistogramMetricFamily("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              labels=labels[:2])  # fmt: skip
-    h.add_metric(values[:2], e.stats.ttft.buckets(), e.stats.ttft.sum)
-    yield h
+    s, kind = e.stats, (labels[:2], values[:2])
+    yield _counter("sglang:prompt_tokens", "Number of prefill tokens processed.", *kind, s.prompt_tokens)
+    yield _counter("sglang:generation_tokens", "Number of generation tokens processed.", *kind, s.generation_tokens)
+    yield _counter("sglang:num_requests", "Number of requests processed.", *kind, s.finished)
+    yield _hist("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", *kind, s.ttft)
 
 
 def _tgi(e: Engine, model: str) -> Iterator[Metric]:
@@ -143,9 +134,7 @@ def _tgi(e: Engine, model: str) -> Iterator[Metric]:
         ("tgi_batch_current_max_tokens", "Maximum tokens for the current batch", min(reserved, e.capacity_tokens)),
         ("tgi_batch_max_total_tokens", "Maximum amount of tokens in total.", e.capacity_tokens),
     ], [], [])  # fmt: skip
-    c = CounterMetricFamily("tgi_request_success", "Number of successful requests")
-    c.add_metric([], e.stats.finished)
-    yield c
+    yield _counter("tgi_request_success", "Number of successful requests", [], [], e.stats.finished)
 
 
 def _trtllm(e: Engine, model: str) -> Iterator[Metric]:
@@ -174,7 +163,7 @@ def _lightllm(e: Engine, model: str) -> Iterator[Metric]:
     ], ["model_name"], [model])  # fmt: skip
 
 
-OTHERS = {"sglang": _sglang, "tgi": _tgi, "trtllm": _trtllm, "lightllm": _lightllm}
+FLAVOURS = {"vllm": _vllm, "sglang": _sglang, "tgi": _tgi, "trtllm": _trtllm, "lightllm": _lightllm}
 
 
 def make_registry(engine: Engine, model_name: str, flavour: str = "vllm") -> CollectorRegistry:

@@ -1,10 +1,10 @@
-"""parse_vllm_metrics against vLLM's exposition format, the simulator's, older vLLM names and junk."""
+"""parse_metrics against vLLM's exposition format, the simulator's, older vLLM names and junk."""
 
 from __future__ import annotations
 
 import pytest
 
-from backends.scrape import parse_vllm_metrics
+from backends.scrape import parse_metrics
 from router.core.errors import WorkerProtocolError
 from router.state.base import ScrapedMetrics
 
@@ -65,7 +65,7 @@ vllm:time_to_first_token_seconds_sum{engine="0",model_name="Qwen/Qwen2.5-1.5B-In
 
 
 def test_vllm_v1_format() -> None:
-    m = parse_vllm_metrics(VLLM_V1)
+    m = parse_metrics(VLLM_V1)
     assert m == ScrapedMetrics(
         running=5,
         waiting=4,
@@ -93,14 +93,14 @@ vllm:gpu_cache_usage_perc{model_name="m"} 0.125
 # TYPE vllm:num_preemptions_total counter
 vllm:num_preemptions_total{model_name="m"} 2.0
 """
-    m = parse_vllm_metrics(text)
+    m = parse_metrics(text)
     assert (m.running, m.waiting, m.kv_usage, m.preemptions_total) == (1, 0, 0.125, 2.0)
     assert m.prefix_cache_queries_total is None and m.prefix_cache_hits_total is None
 
 
 def test_new_kv_name_wins_over_legacy() -> None:
     text = "vllm:kv_cache_usage_perc 0.5\nvllm:gpu_cache_usage_perc 0.9\n"
-    assert parse_vllm_metrics(text).kv_usage == 0.5
+    assert parse_metrics(text).kv_usage == 0.5
 
 
 def test_counter_typed_without_total_suffix_and_untyped_samples() -> None:
@@ -114,24 +114,24 @@ vllm:num_requests_running{model_name="a"} 1
 vllm:num_requests_running{model_name="b"} 2
 vllm:num_preemptions 5
 """
-    m = parse_vllm_metrics(text)
+    m = parse_metrics(text)
     assert (m.prefix_cache_hits_total, m.running, m.preemptions_total) == (7.0, 3, 5.0)
     assert m.waiting is None and m.kv_usage is None
 
 
 def test_label_values_with_escapes() -> None:
     text = 'vllm:num_requests_waiting{model_name="a \\"quoted\\", b\\\\c",engine="0"} 6\n'
-    assert parse_vllm_metrics(text).waiting == 6
+    assert parse_metrics(text).waiting == 6
 
 
 def test_non_finite_and_negative_samples_are_ignored() -> None:
     text = "vllm:kv_cache_usage_perc NaN\nvllm:num_requests_running -1\nvllm:num_requests_waiting 2\n"
-    m = parse_vllm_metrics(text)
+    m = parse_metrics(text)
     assert (m.kv_usage, m.running, m.waiting) == (None, None, 2)
 
 
 def test_kv_usage_is_clamped() -> None:
-    assert parse_vllm_metrics("vllm:kv_cache_usage_perc 1.0000001\n").kv_usage == 1.0
+    assert parse_metrics("vllm:kv_cache_usage_perc 1.0000001\n").kv_usage == 1.0
 
 
 def test_simulator_exposition() -> None:
@@ -140,7 +140,7 @@ def test_simulator_exposition() -> None:
     from router.core.profile import available_profiles, load_profile
 
     engine = Engine(load_profile(available_profiles()[0]), kv_tokens=1600, max_num_seqs=8, max_num_batched_tokens=512)
-    m = parse_vllm_metrics(exposition(make_registry(engine, "qwen2.5-1.5b")).decode())
+    m = parse_metrics(exposition(make_registry(engine, "qwen2.5-1.5b")).decode())
     assert (m.running, m.waiting, m.kv_usage) == (0, 0, 0.0)
     assert (m.preemptions_total, m.prefix_cache_queries_total, m.prefix_cache_hits_total) == (0.0, 0.0, 0.0)
 
@@ -159,4 +159,4 @@ def test_simulator_exposition() -> None:
 )
 def test_junk_raises_worker_protocol_error(text: str) -> None:
     with pytest.raises(WorkerProtocolError):
-        parse_vllm_metrics(text)
+        parse_metrics(text)
