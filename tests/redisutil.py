@@ -8,6 +8,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -40,23 +41,28 @@ def redis_prefix() -> Iterator[str]:
 
 
 class RedisServer:
-    """A private redis-server (no persistence) on a free loopback port."""
+    """A private redis-server (no persistence) on a free loopback port. ``args`` go on its command line
+    (``--replicaof``, TLS options); ``conf`` names a config file to start with (a Sentinel's, with ``args``
+    ``--sentinel``). ``client`` is how the readiness check connects (TLS options, say)."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, *args: str, conf: str | None = None, port: int | None = None,
+                 client: dict[str, Any] | None = None) -> None:  # fmt: skip
+        self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.args, self.conf, self.client = args, conf, client or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RedisServer:
         exe = shutil.which("redis-server") or pytest.skip("redis-server is not installed")
+        head = [exe] if self.conf is None else [exe, self.conf]
         self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            [*head, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 5
         while True:
             try:
-                client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+                client = redis.Redis(port=self.port, socket_connect_timeout=0.2, **self.client)
                 try:
                     client.ping()
                     return self

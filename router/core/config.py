@@ -219,7 +219,7 @@ class GatewayConfig(_Frozen):
     """Its port."""
     state: str = "memory"
     """Fleet state: `memory`, or a Redis URL shared by gateway replicas (`redis://HOST:PORT/DB`, `rediss://` for TLS,
-    `unix:///path`)."""
+    `unix:///path`, or `redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]` to follow Sentinel failovers)."""
     policy: str = "least_outstanding"
     """The routing policy, a name of the policy registry (`router.policies`), checked at start-up
     (docs/policies.md)."""
@@ -258,8 +258,10 @@ class GatewayConfig(_Frozen):
         if v == "memory":
             return v
         parts = urlsplit(v)
-        if parts.scheme not in ("redis", "rediss", "unix") or not (parts.hostname or parts.path):
-            raise ValueError(f"state must be 'memory' or a redis:// URL, not {v!r}")
+        schemes = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+        if parts.scheme not in schemes or not (parts.netloc or parts.path):
+            raise ValueError(f"state must be 'memory' or a redis://, rediss://, unix:// or redis+sentinel:// URL, "
+                             f"not {v!r}")  # fmt: skip
         from router.core.stateurl import check_redis_url
 
         try:

@@ -1,11 +1,16 @@
-"""Options of the Redis fleet state, read from its URL (``gateway.state``) without importing redis."""
+"""Options of the Redis fleet state, read from its URL (``gateway.state``) without importing redis.
+
+``redis://`` / ``rediss://`` (TLS) / ``unix://`` name one server. ``redis+sentinel://`` and ``rediss+sentinel://`` name
+the Sentinels that know where the master is, ``[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]``: the state
+asks them for the master of SERVICE on every new connection, so a failover is followed.
+"""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from router.core.errors import ConfigError
 
@@ -18,6 +23,13 @@ class RedisOptions:
     lease_ttl_s: float = 10.0  # a replica that stops heartbeating loses its reservations after this
     sync_interval_s: float = 0.1  # heartbeat + refresh of the local view
     op_timeout_s: float = 0.1  # the longest a Redis round trip may hold a request
+    sentinels: tuple[tuple[str, int], ...] = ()  # redis+sentinel://: the Sentinels to ask for the master
+    service: str = ""  # the master's name at the Sentinels
+    sentinel_password: str | None = None  # the Sentinels' own password (the URL's is the master's)
+
+
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+SENTINEL_PORT = 26379
 
 
 _KEYS: dict[str, tuple[str, type[str] | type[float]]] = {
@@ -26,14 +38,18 @@ _KEYS: dict[str, tuple[str, type[str] | type[float]]] = {
     "lease_ttl_s": ("lease_ttl_s", float),
     "sync_interval_s": ("sync_interval_s", float),
     "op_timeout_s": ("op_timeout_s", float),
+    "sentinel_password": ("sentinel_password", str),
 }
 
 
 def redis_options(url: str) -> RedisOptions:
     """``redis://HOST:PORT/DB?prefix=P&lease_ttl_s=10&...``: query keys the state does not know
-    are left in the URL for redis-py."""
+    are left in the URL for redis-py. A Sentinel URL's hosts and service go to ``sentinels`` and ``service``; its
+    ``url`` is then the master's ``redis://`` (or ``rediss://``) URL with a placeholder host."""
     parts = urlsplit(url)
     ours: dict[str, Any] = {}
+    if parts.scheme in SENTINEL_SCHEMES:
+        ours["sentinels"], ours["service"], parts = _sentinel(parts)
     rest: list[tuple[str, str]] = []
     for key, value in parse_qsl(parts.query):
         if key not in _KEYS:
@@ -44,9 +60,32 @@ def redis_options(url: str) -> RedisOptions:
             ours[field] = kind(value)
         except ValueError:
             raise ConfigError(f"{key}={value!r} in the state URL is not a number", key="gateway.state") from None
+        if key == "sentinel_password" and "sentinels" not in ours:
+            raise ConfigError("sentinel_password is for redis+sentinel:// URLs", key="gateway.state")
         if kind is float and not ours[field] > 0:
             raise ConfigError(f"{key} in the state URL must be positive", key="gateway.state")
     return RedisOptions(url=urlunsplit(parts._replace(query=urlencode(rest))), **ours)
+
+
+def _sentinel(parts: SplitResult) -> tuple[tuple[tuple[str, int], ...], str, SplitResult]:
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    sentinels = []
+    for item in hosts.split(","):
+        host, sep, port = item.rpartition(":") if not item.endswith("]") else (item, "", "")
+        if not sep:
+            host, port = item, str(SENTINEL_PORT)
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{item!r} in the state URL is not a Sentinel's HOST:PORT", key="gateway.state")
+        sentinels.append((host, int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not 1 <= len(path) <= 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ConfigError("a Sentinel state URL ends in /SERVICE or /SERVICE/DB "
+                          "(redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB])", key="gateway.state")  # fmt: skip
+    scheme = "rediss" if parts.scheme.startswith("rediss") else "redis"
+    master = parts._replace(scheme=scheme, netloc=(userinfo + "@" if userinfo else "") + "sentinel-master",
+                            path="/" + (path[1] if len(path) == 2 else "0"))  # fmt: skip
+    return tuple(sentinels), path[0], master
 
 
 def check_redis_url(url: str) -> RedisOptions:

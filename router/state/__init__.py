@@ -36,6 +36,8 @@ _REGISTRY: dict[str, StateFactory] = {
     "redis": _redis,
     "rediss": _redis,
     "unix": _redis,
+    "redis+sentinel": _redis,
+    "rediss+sentinel": _redis,
 }
 
 

@@ -51,7 +51,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
@@ -108,6 +110,7 @@ class RedisFleetState:
         self._redis_ms = 0  # Redis's clock at the last SYNC (stream ids are its milliseconds)
         self._probe_lease_ms = int(health.probe_interval_s * PROBE_LEASE_INTERVALS * 1000)
         self._client: aioredis.Redis | None = None
+        self._sentinel: Sentinel | None = None
         self._scripts: dict[str, Any] = {}
         self._sync_task: asyncio.Task[None] | None = None
         self._degraded = False
@@ -125,10 +128,15 @@ class RedisFleetState:
         if self._client is not None:
             return
         timeout = self._opts.op_timeout_s
-        self._client = aioredis.Redis.from_url(
-            self._opts.url, decode_responses=True, socket_timeout=timeout, socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0), client_name=f"chimera-{self.replica_id}",
-        )  # fmt: skip
+        kwargs: dict[str, Any] = {
+            "decode_responses": True, "socket_timeout": timeout, "socket_connect_timeout": timeout,
+            "retry": Retry(NoBackoff(), 0), "client_name": f"chimera-{self.replica_id}",
+        }  # fmt: skip
+        if self._opts.sentinels:
+            self._sentinel = _sentinel(self._opts)
+            self._client = self._sentinel.master_for(self._opts.service, **kwargs, **_master_kwargs(self._opts.url))
+        else:
+            self._client = aioredis.Redis.from_url(self._opts.url, **kwargs)
         for name in ("PUT", "SYNC", "PUBLISH_PROBE", "ELECT", "GOODBYE", "TAKE_TOKENS"):
             self._scripts[name] = self._client.register_script(getattr(redis_lua, name))
         await self.sync()
@@ -149,6 +157,9 @@ class RedisFleetState:
             await self._call("GOODBYE", [self._key_self(), self._k_replicas, *leases], [self.replica_id])
         client, self._client = self._client, None
         await client.aclose()
+        sentinel, self._sentinel = self._sentinel, None
+        if sentinel is not None:
+            await sentinel.aclose()
 
     # -- reads (local, no I/O) --
 
@@ -448,3 +459,25 @@ def _stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
         return []
     streams = reply.values() if isinstance(reply, dict) else (entries for _, entries in reply)
     return [(entry_id, fields) for entries in streams for entry_id, fields in entries]
+
+
+def _master_kwargs(url: str) -> dict[str, Any]:
+    """The master connections' options from a Sentinel URL's master part (``redis_options``): its user, password,
+    database and redis-py query keys; TLS where the scheme was ``rediss+sentinel``."""
+    kwargs: dict[str, Any] = dict(parse_url(url))
+    kwargs.pop("host", None)
+    kwargs.pop("port", None)
+    if kwargs.pop("connection_class", None) is SSLConnection:
+        kwargs["ssl"] = True
+    return kwargs
+
+
+def _sentinel(opts: RedisOptions) -> Sentinel:
+    """The Sentinels of a ``redis+sentinel://`` state, asked with the same timeouts as the master (and over TLS with
+    the same certificates where the master is)."""
+    master = _master_kwargs(opts.url)
+    kwargs: dict[str, Any] = {"socket_timeout": opts.op_timeout_s, "socket_connect_timeout": opts.op_timeout_s,
+                              "password": opts.sentinel_password}  # fmt: skip
+    if master.get("ssl"):
+        kwargs.update({k: v for k, v in master.items() if k.startswith("ssl")})
+    return Sentinel(opts.sentinels, sentinel_kwargs=kwargs)

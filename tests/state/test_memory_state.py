@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+from pydantic import ValidationError
 
 from router.core.config import BackendConfig, Config, HealthConfig
 from router.core.errors import ConfigError
@@ -364,6 +365,39 @@ def test_create_state_redis_reads_its_options_from_the_url() -> None:
     with pytest.raises(ConfigError, match="lease_ttl_s='x'") as ei:  # (a config with it does not load)
         redis_options("redis://127.0.0.1:6379/0?lease_ttl_s=x")
     assert ei.value.key == "gateway.state"
+
+
+@pytest.mark.parametrize(
+    ("url", "sentinels", "service", "master"),
+    [
+        ("redis+sentinel://s1:26380,s2/main?prefix=p", (("s1", 26380), ("s2", 26379)), "main",
+         "redis://sentinel-master/0"),
+        ("rediss+sentinel://u:pw@[::1]:5000/main/4?sentinel_password=sp&ssl_cert_reqs=none", (("::1", 5000),), "main",
+         "rediss://u:pw@sentinel-master/4?ssl_cert_reqs=none"),
+    ],
+)  # fmt: skip
+def test_a_sentinel_url_names_the_sentinels_the_service_and_the_master(
+    url: str, sentinels: tuple[tuple[str, int], ...], service: str, master: str
+) -> None:
+    st = create_state(_config(url))
+    assert isinstance(st, RedisFleetState)
+    assert (st._opts.sentinels, st._opts.service, st._opts.url) == (sentinels, service, master)
+    assert st._opts.sentinel_password == ("sp" if "sentinel_password" in url else None)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis+sentinel://s1:x/main", "not a Sentinel's HOST:PORT"),
+        ("redis+sentinel://s1/", "ends in /SERVICE or /SERVICE/DB"),
+        ("redis+sentinel://s1/main/x", "ends in /SERVICE or /SERVICE/DB"),
+        ("redis://h:1/0?sentinel_password=a", "sentinel_password is for redis\\+sentinel"),
+        ("redis+sentinel://s1/main?prefx=1", "unknown key 'prefx'"),
+    ],
+)
+def test_a_bad_sentinel_url_is_a_config_error(url: str, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        _config(url)
 
 
 async def test_memory_views_are_cached_until_a_change_or_a_tick(clock: FakeClock) -> None:

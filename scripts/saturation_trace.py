@@ -1,0 +1,177 @@
+"""Drive one worker (real vLLM or the sim) near and past saturation and record what it does.
+
+The same seeded open-loop stream goes to each worker: Poisson arrivals at each rate, streamed completions whose
+prompts are token ids (exact lengths on any tokenizer, no shared prefixes) and whose answers run to ``max_tokens``
+(``ignore_eos``). Per request: arrival, prompt and answer length, TTFT and e2e from the scheduled arrival. Every
+0.25 s: the worker's running, waiting, KV use and preemption counter from ``/metrics``. One JSON file per worker.
+
+    python scripts/saturation_trace.py --url http://127.0.0.1:8003 --model qwen2.5-7b \\
+        --rates 16,24,32 --duration 30 --out real-7b.json
+
+Compare two traces with ``--compare a.json b.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import re
+import statistics
+import time
+from typing import Any
+
+import aiohttp
+
+_METRICS = {
+    "running": re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", re.M),
+    "waiting": re.compile(r"^vllm:num_requests_waiting(?:\{[^}]*\})? (\S+)$", re.M),
+    "kv": re.compile(r"^vllm:kv_cache_usage_perc(?:\{[^}]*\})? (\S+)$", re.M),
+    "preemptions": re.compile(r"^vllm:num_preemptions_total(?:\{[^}]*\})? (\S+)$", re.M),
+}
+
+
+def requests_for(rate: float, duration: float, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(f"{seed}-{rate}")
+    out, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration:
+            return out
+        prompt = int(min(4000, max(64, rng.lognormvariate(math.log(800), 0.6))))
+        out.append({"at": t, "prompt": prompt, "max_tokens": rng.randint(64, 512),
+                    "ids": [rng.randrange(10, 20000) for _ in range(prompt)]})  # fmt: skip
+
+
+async def one(session: aiohttp.ClientSession, url: str, model: str, req: dict[str, Any], t0: float,
+              rec: dict[str, Any]) -> None:  # fmt: skip
+    await asyncio.sleep(max(0.0, t0 + req["at"] - time.monotonic()))
+    body = {"model": model, "prompt": req["ids"], "max_tokens": req["max_tokens"], "ignore_eos": True,
+            "stream": True, "temperature": 0}  # fmt: skip
+    start = t0 + req["at"]
+    try:
+        async with session.post(url + "/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                rec["error"] = f"{resp.status}: {(await resp.text())[:200]}"
+                return
+            async for line in resp.content:
+                if line.startswith(b"data: {") and "ttft_s" not in rec:
+                    rec["ttft_s"] = time.monotonic() - start
+            rec["e2e_s"] = time.monotonic() - start
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        rec["error"] = repr(exc)
+
+
+async def sample(session: aiohttp.ClientSession, url: str, t0: float, into: list[dict[str, float]]) -> None:
+    while True:
+        try:
+            async with session.get(url + "/metrics") as resp:
+                text = await resp.text()
+            row = {"t": round(time.monotonic() - t0, 3)}
+            for key, rx in _METRICS.items():
+                m = rx.search(text)
+                if m:
+                    row[key] = float(m.group(1))
+            into.append(row)
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.25)
+
+
+async def run_rate(url: str, model: str, rate: float, duration: float, drain: float, seed: int) -> dict[str, Any]:
+    reqs = requests_for(rate, duration, seed)
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        samples: list[dict[str, float]] = []
+        t0 = time.monotonic()
+        sampler = asyncio.create_task(sample(session, url, t0, samples))
+        recs = [{"at": r["at"], "prompt": r["prompt"], "max_tokens": r["max_tokens"]} for r in reqs]
+        tasks = [asyncio.create_task(one(session, url, model, r, t0, rec)) for r, rec in zip(reqs, recs, strict=True)]
+        _, pending = await asyncio.wait(tasks, timeout=duration + drain)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.sleep(0.5)
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
+    for rec in recs:
+        if "e2e_s" not in rec and "error" not in rec:
+            rec["error"] = "unfinished"
+    return {"rate": rate, "duration_s": duration, "seed": seed, "requests": recs, "samples": samples,
+            "summary": summarize(recs, samples)}  # fmt: skip
+
+
+def _q(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000, 1)
+
+
+def summarize(recs: list[dict[str, Any]], samples: list[dict[str, float]]) -> dict[str, Any]:
+    ttft = [r["ttft_s"] for r in recs if "ttft_s" in r]
+    e2e = [r["e2e_s"] for r in recs if "e2e_s" in r]
+    pre = [s["preemptions"] for s in samples if "preemptions" in s]
+    return {
+        "requests": len(recs), "errors": sum("error" in r for r in recs),
+        "ttft_ms": {"p50": _q(ttft, 0.5), "p90": _q(ttft, 0.9), "p99": _q(ttft, 0.99)},
+        "e2e_ms": {"p50": _q(e2e, 0.5), "p99": _q(e2e, 0.99)},
+        "preemptions": (max(pre) - min(pre)) if pre else None,
+        "waiting_max": max((s.get("waiting", 0) for s in samples), default=None),
+        "waiting_mean": round(statistics.fmean(s.get("waiting", 0) for s in samples), 1) if samples else None,
+        "running_max": max((s.get("running", 0) for s in samples), default=None),
+        "kv_max": max((s.get("kv", 0) for s in samples), default=None),
+    }  # fmt: skip
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    out = {"url": args.url, "model": args.model, "runs": []}
+    async with aiohttp.ClientSession() as s:  # warm-up: one short request
+        await one(s, args.url, args.model, {"at": 0, "ids": [11] * 16, "max_tokens": 4}, time.monotonic(), {})
+    for rate in args.rates:
+        run = await run_rate(args.url, args.model, rate, args.duration, args.drain, args.seed)
+        out["runs"].append(run)
+        print(json.dumps({"rate": rate, **run["summary"]}), flush=True)
+        await asyncio.to_thread(_write, args.out, out)
+        await asyncio.sleep(args.pause)
+
+
+def _write(path: str, doc: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def compare(paths: list[str]) -> None:
+    docs = [json.load(open(p)) for p in paths]
+    print("rate | " + " | ".join(f"{p}: TTFT p50/p99, e2e p50, preempt, waiting max" for p in paths))
+    for i, run in enumerate(docs[0]["runs"]):
+        cells = []
+        for d in docs:
+            s = d["runs"][i]["summary"]
+            cells.append(f"{s['ttft_ms']['p50']}/{s['ttft_ms']['p99']} ms, {s['e2e_ms']['p50']} ms, "
+                         f"{s['preemptions']}, {s['waiting_max']} (err {s['errors']})")  # fmt: skip
+        print(f"{run['rate']} | " + " | ".join(cells))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url")
+    ap.add_argument("--model")
+    ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[16.0, 24.0, 32.0])
+    ap.add_argument("--duration", type=float, default=30.0)
+    ap.add_argument("--drain", type=float, default=30.0)
+    ap.add_argument("--pause", type=float, default=3.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="trace.json")
+    ap.add_argument("--compare", nargs="+")
+    args = ap.parse_args()
+    if args.compare:
+        compare(args.compare)
+    else:
+        asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
