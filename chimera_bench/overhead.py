@@ -82,11 +82,12 @@ class _Conn:
 
 async def offer(
     url: str, rate: float, duration_s: float, warmup_s: float, seed: int, payload: bytes = BODY, auth: str = "",
-    spread: tuple[str, ...] = (),
+    spread: tuple[str, ...] = (), raw: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Poisson arrivals at ``rate``/s for ``warmup_s + duration_s``; stats over the measured part. ``payload``:
     the request body (default: streamed, ``model: auto``); ``auth``: a bearer token to send; ``spread``: more
-    servers of the same service, new connections going to each in turn (as a load balancer sends them)."""
+    servers of the same service, new connections going to each in turn (as a load balancer sends them); ``raw``: the
+    measured latencies too (``latencies_ms``)."""
     addresses = [(h, int(p)) for h, p in (u.removeprefix("http://").split(":") for u in (url, *spread))]
     host = addresses[0][0]
     opened = [0]
@@ -151,9 +152,10 @@ async def offer(
         conn.writer.close()
     measured = [ms * 1000 for a, ms in lat if a >= warmup_s]
     finished = [a for a, ms in lat if warmup_s <= a + ms < horizon]
-    return {"requests": len(measured) + errors[0], "sent": len(tasks), "errors": errors[0], "error_kinds": dict(kinds),
-            "reconnects": reconnects[0],
-            "rps": round(len(finished) / duration_s, 1), "e2e_ms": quantiles(measured)}  # fmt: skip
+    got = {"requests": len(measured) + errors[0], "sent": len(tasks), "errors": errors[0], "error_kinds": dict(kinds),
+           "reconnects": reconnects[0],
+           "rps": round(len(finished) / duration_s, 1), "e2e_ms": quantiles(measured)}  # fmt: skip
+    return got | {"latencies_ms": measured} if raw else got
 
 
 def run_overhead(

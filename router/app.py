@@ -18,9 +18,10 @@ tuned for it (:func:`serving_gc`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx2 as httpx
@@ -106,6 +107,10 @@ def create_app(
                 stack.push_async_callback(gateway.admission.close)
             if any(b.scheduling_policy == "priority" for b in config.backends):
                 gateway.engine_priority = make_priority(config.gateway.engine_priority)
+            if gateway.metrics.multiprocess and fleet.kind != "memory":
+                # `--workers N`: a scrape sums every process's counters from their files, so each process brings
+                # its state's counters (kept as plain ints) up to date on its own, not only when it is scraped
+                await stack.enter_async_context(_every(STATE_COUNTERS_S, lambda: gateway.metrics.refresh_state(fleet)))
             stack.enter_context(serving_gc())
             yield {STATE_KEY: gateway}
 
@@ -137,6 +142,27 @@ def create_app(
         },
         lifespan=lifespan,
     )
+
+
+STATE_COUNTERS_S = 1.0  # `--workers N`: how often each process publishes its Redis counters to the shared files
+
+
+@contextlib.asynccontextmanager
+async def _every(interval_s: float, fn: Callable[[], None]) -> AsyncIterator[None]:
+    """``fn()`` every ``interval_s`` seconds, in a task, until the block ends."""
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            fn()
+
+    task = asyncio.create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 YOUNG_GC_THRESHOLD = 7000  # Python's default is 700

@@ -19,6 +19,9 @@ from backends.listen import free_port, wait_ready
 from backends.sim.api import PID_HEADER
 from router.core.errors import ChimeraError
 from tests.conftest import interrupt
+from tests.redisutil import SHARED_URL, redis_prefix
+
+__all__ = ["redis_prefix"]  # fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,6 +208,46 @@ def test_serve_with_two_processes_audits_and_counts_every_request(tmp_path: Path
         fast.wait(timeout=10)
     audits = [line for line in out.splitlines() if "chimera.audit" in line]
     assert len(audits) == 18, out[-2000:]
+
+
+@pytest.mark.slow
+def test_serve_with_two_processes_on_redis_counts_both_round_trips(tmp_path: Path, redis_prefix: str) -> None:
+    """`--workers 2` on a Redis state: each process publishes its Redis round trips on its own, so a scrape of
+    either sums both (two per request: reserve and release; syncs and probes are made rare here)."""
+    worker, gw = free_port(), free_port()
+    fast = subprocess.Popen([sys.executable, "-m", "chimera_bench.fastworker", "--port", str(worker), "--model", "m"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    cfg = tmp_path / "two-redis.yaml"
+    state = f"{SHARED_URL}?prefix={redis_prefix}&sync_interval_s=30&lease_ttl_s=60"
+    cfg.write_text(
+        f'gateway: {{port: {gw}, policy: round_robin, default_agent: chat, state: "{state}",\n'
+        "          health: {probe_interval_s: 30}}\n"
+        f'backends:\n  - {{name: w, url: "http://127.0.0.1:{worker}", model: m, kv_budget_tokens: 100000}}\n'
+        "agents:\n  - {name: chat, models: [m]}\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(cfg), "--workers", "2"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_ready(f"http://127.0.0.1:{gw}/health", 40, proc=proc)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        served_by = set()
+        for _ in range(20):  # a connection each: the kernel spreads them over both processes
+            r = httpx.post(f"http://127.0.0.1:{gw}/v1/chat/completions", json=body, timeout=10)
+            assert r.status_code == 200
+            served_by.add(httpx.get(f"http://127.0.0.1:{gw}/fleet", timeout=5).json()["replicas"][0]["id"])
+        time.sleep(2.5)  # each process publishes its counters every second
+        totals = []
+        for _ in range(8):
+            text = httpx.get(f"http://127.0.0.1:{gw}/metrics", timeout=5).text
+            totals.append(sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                              if s.name == "chimera_state_redis_commands_total"))  # fmt: skip
+        # 40 PUTs, plus each process's start-up sync and its first probe's election and publication
+        assert all(40 <= t <= 40 + 2 * 8 for t in totals), (totals, served_by)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=20)
+        fast.terminate()
+        fast.wait(timeout=10)
 
 
 @pytest.mark.slow

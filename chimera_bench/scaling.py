@@ -1,0 +1,313 @@
+"""Gateway replicas on one Redis, measured on many cores: how far chimera scales out.
+
+    python -m chimera_bench.scaling --replicas 1,2,4,8 --serve-workers 8 --rates 1000,4000 --out DIR
+
+Zero-latency workers (:mod:`chimera_bench.fastworker`, one core each) behind N gateway processes on one Redis
+(``redis://…?prefix=scale``; least outstanding, which reads every replica's load), each replica on a core and a port of
+its own, the load client's connections opened to each in turn (as a load balancer would); or ``chimera serve --workers
+N`` (``--serve-workers``), N processes on one port, on N cores. The load comes from ``--clients`` processes, a core
+each: the same bare HTTP/1.1 client as the overhead workload (:func:`chimera_bench.overhead.offer`).
+
+Per setting:
+
+* **Saturation**: every client holds ``--connections`` requests in flight for ``--duration`` seconds (a closed
+  loop): the requests/s completed is what the replicas carry at most (``--repeat`` runs: their median and range).
+* **Latency at fixed rates**: an open-loop Poisson stream at each of ``--rates`` (split over the clients), through the
+  gateways and straight to the workers: added p50 and p99 (scheduled arrival to end of body). A rate above 90 % of
+  the setting's saturation is skipped.
+* **Redis**: the gateways' own round-trip counter (``chimera_state_redis_commands_total``) and Redis's processed
+  commands, both per request, and the CPU Redis spent (``INFO cpu``), as a share of one core.
+
+Where ``redis-server`` is not on the PATH, ``--redis-server PATH`` names one. ``DIR/scaling.json`` holds the raw
+figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from backends.listen import free_port, wait_ready
+from chimera_bench import gateway_proc
+from chimera_bench.overhead import _Conn, body, offer
+from chimera_bench.stats import quantiles
+
+CONFIG_HEAD = """gateway: {{host: 127.0.0.1, port: {gw_port}, state: "{state}", policy: least_outstanding,
+           default_agent: chat}}
+backends:
+"""
+BACKEND = '  - {{name: fast-{i}, url: "http://127.0.0.1:{port}", model: fast, kv_budget_tokens: 1000000}}\n'
+AGENTS = "agents:\n  - {name: chat, models: [fast]}\n"
+BUSY_SHARE = 0.9  # a fixed rate above this share of a setting's saturation is not measured there
+
+
+def _pin(cpus: set[int]) -> None:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+
+
+def _start(cmd: list[str], log: Path, cpus: set[int], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    from router.serve import die_with_parent
+
+    def setup() -> None:
+        die_with_parent()
+        _pin(cpus)
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as err:
+        return subprocess.Popen(cmd, stdout=err, stderr=err, env=env, preexec_fn=setup)
+
+
+# -- the load, one process per client core -----------------------------------------------------------------------
+
+
+async def _closed(urls: Sequence[str], connections: int, warmup_s: float, duration_s: float, payload: bytes,
+                  offset: int) -> dict[str, Any]:  # fmt: skip
+    """``connections`` requests in flight for ``warmup_s + duration_s``: the requests/s completed in the measured
+    part, and their latencies."""
+    addrs = [(h, int(p)) for h, p in (u.removeprefix("http://").split(":") for u in urls)]
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {addrs[0][0]}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(payload)}\r\n\r\n").encode() + payload  # fmt: skip
+    t0 = time.monotonic()
+    start, end = t0 + warmup_s, t0 + warmup_s + duration_s
+    done, errors, lat = [0], [0], []
+
+    async def lane(i: int) -> None:
+        conn = _Conn(*await asyncio.open_connection(*addrs[(offset + i) % len(addrs)]))
+        while (now := time.monotonic()) < end:
+            try:
+                await asyncio.wait_for(conn.request(head), timeout=10.0)
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
+                errors[0] += now >= start
+                conn.writer.close()
+                conn = _Conn(*await asyncio.open_connection(*addrs[(offset + i) % len(addrs)]))
+                continue
+            finished = time.monotonic()
+            if start <= finished < end:
+                done[0] += 1
+                lat.append((finished - now) * 1000)
+        conn.writer.close()
+
+    await asyncio.gather(*(lane(i) for i in range(connections)))
+    return {"completed": done[0], "errors": errors[0], "rps": done[0] / duration_s, "latencies_ms": lat}
+
+
+def _client(job: dict[str, Any]) -> dict[str, Any]:
+    """One client process: pinned to its core, runs a closed or an open loop, returns its figures."""
+    _pin({job["cpu"]})
+    payload = body(job["stream"])
+    if job["kind"] == "closed":
+        return asyncio.run(_closed(job["urls"], job["connections"], job["warmup_s"], job["duration_s"], payload,
+                                   job["offset"]))  # fmt: skip
+    k = job["offset"] % len(job["urls"])
+    urls = job["urls"][k:] + job["urls"][:k]
+    return asyncio.run(offer(urls[0], job["rate"], job["duration_s"], job["warmup_s"], job["seed"], payload,
+                             spread=tuple(urls[1:]), raw=True))  # fmt: skip
+
+
+def _drive(pool: Any, cpus: list[int], **job: Any) -> list[dict[str, Any]]:
+    jobs = [{**job, "cpu": cpu, "offset": k, "seed": f"{job.get('seed', 0)}-{k}",
+             "rate": job.get("rate", 0.0) / len(cpus)} for k, cpu in enumerate(cpus)]  # fmt: skip
+    return list(pool.map(_client, jobs))
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(a - b, 2)
+
+
+def _merged(parts: list[dict[str, Any]], key: str) -> dict[str, float | None]:
+    return quantiles([x for p in parts for x in p[key]])
+
+
+# -- Redis and the gateways' counters ----------------------------------------------------------------------------
+
+
+def _redis_now(client: redis.Redis) -> tuple[float, float]:
+    info = client.info()
+    return float(info["total_commands_processed"]), float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _round_trips(ports: Sequence[int]) -> float:
+    """The gateways' Redis round trips so far (``--workers N``: every process's, summed by any one's /metrics)."""
+    total = 0.0
+    for port in ports:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        total += sum(float(line.split()[-1]) for line in text.splitlines()
+                     if line.startswith("chimera_state_redis_commands_total"))  # fmt: skip
+    return total
+
+
+# -- one setting -------------------------------------------------------------------------------------------------
+
+
+def measure(label: str, ports: list[int], processes: int, worker_urls: list[str], rdb: redis.Redis, pool: Any,
+            client_cpus: list[int], args: argparse.Namespace,
+            direct_at: dict[float, list[dict[str, Any]]]) -> dict[str, Any]:  # fmt: skip
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    common = {"stream": args.stream, "warmup_s": args.warmup, "duration_s": args.duration}
+    c0, cpu0, rt0 = *_redis_now(rdb), _round_trips(ports)
+    t0 = time.monotonic()
+    runs = [_drive(pool, client_cpus, kind="closed", urls=urls, connections=args.connections, **common)
+            for _ in range(args.repeat)]  # fmt: skip
+    wall = time.monotonic() - t0
+    c1, cpu1, rt1 = *_redis_now(rdb), _round_trips(ports)
+    sat = [p for run in runs for p in run]
+    completed = sum(p["completed"] for p in sat) * (args.warmup + args.duration) / args.duration  # warm-up too
+    each = sorted(round(sum(p["rps"] for p in run), 1) for run in runs)
+    row: dict[str, Any] = {
+        "setting": label, "processes": processes,
+        "saturation_rps": statistics.median(each), "saturation_runs": each, "errors": sum(p["errors"] for p in sat),
+        "closed_loop_ms": _merged(sat, "latencies_ms"),
+        "redis_commands_per_request": round((c1 - c0) / completed, 2) if completed else None,
+        "gateway_round_trips_per_request": round((rt1 - rt0) / completed, 2) if completed else None,
+        "redis_cpu_share": round((cpu1 - cpu0) / wall, 3),
+        "rates": [],
+    }  # fmt: skip
+    for rate in args.rates:
+        if rate > BUSY_SHARE * row["saturation_rps"]:
+            continue
+        via = _drive(pool, client_cpus, kind="open", urls=urls, rate=rate, seed=args.seed, **common)
+        if rate not in direct_at:  # the workers straight, once per rate
+            direct_at[rate] = _drive(pool, client_cpus, kind="open", urls=worker_urls, rate=rate, seed=args.seed,
+                                     **common)  # fmt: skip
+        v, d = _merged(via, "latencies_ms"), _merged(direct_at[rate], "latencies_ms")
+        row["rates"].append({
+            "rate": rate, "via_rps": round(sum(p["rps"] for p in via), 1), "errors": sum(p["errors"] for p in via),
+            "via_ms": v, "direct_ms": d,
+            "added_ms": {q: _minus(v[q], d[q]) for q in ("p50", "p99")},
+        })  # fmt: skip
+    print(json.dumps({k: row[k] for k in row if k != "closed_loop_ms"}), flush=True)
+    return row
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    most = max([*args.replicas, *args.serve_workers])
+    need = most + 1 + args.workers + args.clients
+    if len(cores) < need:  # the figures then measure the sharing, not the gateways
+        print(f"warning: {need} cores wanted ({most} gateways, Redis, {args.workers} workers, {args.clients} clients), "
+              f"{len(cores)} here: processes share cores", file=sys.stderr)  # fmt: skip
+    at = [cores[i % len(cores)] for i in range(need)]
+    gw_cores, redis_core = at[:most], at[most]
+    worker_cores = at[most + 1 : most + 1 + args.workers]
+    client_cores = at[most + 1 + args.workers : need]
+    dest = Path(args.out)
+    logs = dest / "logs"
+    exe = args.redis_server or shutil.which("redis-server") or sys.exit("redis-server not found (--redis-server)")
+    rport = free_port()
+    procs: list[subprocess.Popen[bytes]] = [
+        _start([exe, "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+               logs / "redis.log", {redis_core})]  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    try:
+        wports = [free_port() for _ in worker_cores]
+        for port, cpu in zip(wports, worker_cores, strict=True):
+            procs.append(_start([sys.executable, "-m", "chimera_bench.fastworker", "--port", str(port)],
+                                logs / f"worker-{port}.log", {cpu}))  # fmt: skip
+        worker_urls = [f"http://127.0.0.1:{p}" for p in wports]
+        for url in worker_urls:
+            wait_ready(url + "/health")
+        rdb = redis.Redis(port=rport)
+        for _ in range(100):
+            try:
+                rdb.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        gport = free_port()
+        cfg = dest / "scaling-config.yaml"
+        cfg.write_text(CONFIG_HEAD.format(gw_port=gport, state=f"redis://127.0.0.1:{rport}/0?prefix=scale")
+                       + "".join(BACKEND.format(i=i, port=p) for i, p in enumerate(wports)) + AGENTS)  # fmt: skip
+        ctx = multiprocessing.get_context("spawn")
+        direct_at: dict[float, list[dict[str, Any]]] = {}
+        with ctx.Pool(len(client_cores)) as pool:
+            for n in args.replicas:
+                ports = [gport if i == 0 else free_port() for i in range(n)]
+                gws = [_start(gateway_proc.command(str(cfg), port, policy=None), logs / f"gateway-x{n}-{i}.log",
+                              {gw_cores[i]}) for i, port in enumerate(ports)]  # fmt: skip
+                try:
+                    for port, proc in zip(ports, gws, strict=True):
+                        wait_ready(f"http://127.0.0.1:{port}/ready", proc=proc)
+                    rows.append(measure(f"replicas x{n}", ports, n, worker_urls, rdb, pool, client_cores, args,
+                                        direct_at))  # fmt: skip
+                finally:
+                    for proc in gws:
+                        gateway_proc.stop(proc, timeout_s=30.0)
+            for n in args.serve_workers:
+                cmd = [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg), "--port", str(gport),
+                       "--workers", str(n)]  # fmt: skip
+                env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+                proc = _start(cmd, logs / f"serve-workers-{n}.log", set(gw_cores[:n]), env)
+                try:
+                    gateway_proc.wait_replicas(f"http://127.0.0.1:{gport}", [proc] * n, timeout_s=60.0)
+                    rows.append(measure(f"serve --workers {n}", [gport], n, worker_urls, rdb, pool, client_cores,
+                                        args, direct_at))  # fmt: skip
+                finally:
+                    gateway_proc.stop(proc, timeout_s=30.0)
+            dest.mkdir(parents=True, exist_ok=True)
+            doc = {"cores": {"gateways": gw_cores, "redis": redis_core, "workers": worker_cores,
+                             "clients": client_cores}, "args": {k: v for k, v in vars(args).items()},
+                   "rows": rows, "summary": summary(rows)}  # fmt: skip
+            (dest / "scaling.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    finally:
+        for proc in procs:
+            gateway_proc.stop(proc)
+    for line in summary(rows):
+        print(line)
+    return rows
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    one = next((r["saturation_rps"] for r in rows if r["setting"] == "replicas x1"), None)
+    out = []
+    for r in rows:
+        linear = None if not one else round(r["saturation_rps"] / (one * r["processes"]), 3)
+        added = "; ".join(f"{x['rate']:g}/s +{x['added_ms']['p50']} / +{x['added_ms']['p99']} ms"
+                          for x in r["rates"])  # fmt: skip
+        out.append(f"{r['setting']}: {r['saturation_rps']:.0f}/s {r['saturation_runs']} (x{linear} of linear), "
+                   f"{r['gateway_round_trips_per_request']} round trips/request, Redis "
+                   f"{r['redis_commands_per_request']} commands/request at {r['redis_cpu_share']:.0%} of a core; "
+                   f"{added}")  # fmt: skip
+    return out
+
+
+def _csv(kind: Any) -> Any:
+    return lambda s: tuple(kind(x) for x in s.split(",") if x)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m chimera_bench.scaling", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--replicas", type=_csv(int), default=(1, 2, 4, 8))
+    p.add_argument("--serve-workers", type=_csv(int), default=(), help="chimera serve --workers N settings")
+    p.add_argument("--rates", type=_csv(float), default=(1000.0, 4000.0), help="open-loop requests/s")
+    p.add_argument("--workers", type=int, default=3, help="zero-latency workers, one core each")
+    p.add_argument("--clients", type=int, default=3, help="load-client processes, one core each")
+    p.add_argument("--connections", type=int, default=64, help="requests in flight per client (saturation)")
+    p.add_argument("--repeat", type=int, default=3, help="saturation runs per setting")
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--redis-server", help="the redis-server binary (default: the PATH's)")
+    p.add_argument("--out", default="bench-out/scaling")
+    run(p.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
