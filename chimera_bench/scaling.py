@@ -45,6 +45,8 @@ from backends.listen import free_port, wait_ready
 from chimera_bench import gateway_proc
 from chimera_bench.overhead import _Conn, body, offer
 from chimera_bench.stats import quantiles
+from router.app import STATE_COUNTERS_S
+from router.core.errors import ChimeraError
 
 CONFIG_HEAD = """gateway: {{host: 127.0.0.1, port: {gw_port}, state: "{state}", policy: least_outstanding,
            default_agent: chat}}
@@ -142,7 +144,9 @@ def _redis_now(client: redis.Redis) -> tuple[float, float]:
 
 
 def _round_trips(ports: Sequence[int]) -> float:
-    """The gateways' Redis round trips so far (``--workers N``: every process's, summed by any one's /metrics)."""
+    """The gateways' Redis round trips so far (``--workers N``: every process's, summed by any one's /metrics, once
+    each has published its own)."""
+    time.sleep(STATE_COUNTERS_S + 0.2)
     total = 0.0
     for port in ports:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
@@ -207,6 +211,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     client_cores = at[most + 1 + args.workers : need]
     dest = Path(args.out)
     logs = dest / "logs"
+    dest.mkdir(parents=True, exist_ok=True)
     exe = args.redis_server or shutil.which("redis-server") or sys.exit("redis-server not found (--redis-server)")
     rport = free_port()
     procs: list[subprocess.Popen[bytes]] = [
@@ -234,6 +239,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                        + "".join(BACKEND.format(i=i, port=p) for i, p in enumerate(wports)) + AGENTS)  # fmt: skip
         ctx = multiprocessing.get_context("spawn")
         direct_at: dict[float, list[dict[str, Any]]] = {}
+
+        def save() -> None:
+            cores_of = {"gateways": gw_cores, "redis": redis_core, "workers": worker_cores, "clients": client_cores}
+            doc = {"cores": cores_of, "args": vars(args), "rows": rows, "summary": summary(rows)}
+            (dest / "scaling.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
         with ctx.Pool(len(client_cores)) as pool:
             for n in args.replicas:
                 ports = [gport if i == 0 else free_port() for i in range(n)]
@@ -247,22 +258,22 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 finally:
                     for proc in gws:
                         gateway_proc.stop(proc, timeout_s=30.0)
+                save()
             for n in args.serve_workers:
                 cmd = [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg), "--port", str(gport),
                        "--workers", str(n)]  # fmt: skip
                 env = {**os.environ, "PYTHONUNBUFFERED": "1"}
                 proc = _start(cmd, logs / f"serve-workers-{n}.log", set(gw_cores[:n]), env)
                 try:
-                    gateway_proc.wait_replicas(f"http://127.0.0.1:{gport}", [proc] * n, timeout_s=60.0)
+                    try:
+                        gateway_proc.wait_replicas(f"http://127.0.0.1:{gport}", [proc] * n, timeout_s=30.0)
+                    except ChimeraError as exc:  # the kernel may hand every connection to one process
+                        print(f"warning: {exc}", file=sys.stderr)
                     rows.append(measure(f"serve --workers {n}", [gport], n, worker_urls, rdb, pool, client_cores,
                                         args, direct_at))  # fmt: skip
                 finally:
                     gateway_proc.stop(proc, timeout_s=30.0)
-            dest.mkdir(parents=True, exist_ok=True)
-            doc = {"cores": {"gateways": gw_cores, "redis": redis_core, "workers": worker_cores,
-                             "clients": client_cores}, "args": {k: v for k, v in vars(args).items()},
-                   "rows": rows, "summary": summary(rows)}  # fmt: skip
-            (dest / "scaling.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+                save()
     finally:
         for proc in procs:
             gateway_proc.stop(proc)
