@@ -74,6 +74,9 @@ class Scenario:
     adaptive: bool = False  # gateway.admission.adaptive: per-worker concurrency limits moved by feedback
     policy: str = "least_outstanding"
     scheduling_policy: str = "fcfs"  # the workers' (vLLM's); "priority": the agents' priorities reach their queues
+    # Each request asks for this many times its agent's max_tokens (answers as long as before; the load is the same
+    # multiple of capacity): apps set max_tokens loosely, and a reservation then holds KV the answer never uses.
+    max_tokens_scale: float = 1.0
 
     def agents(self) -> tuple[AgentLoad, ...]:
         """The agents with rates in real requests per second (batch and crawler fill the multiple)."""
@@ -153,19 +156,21 @@ async def drive(base_url: str, s: Scenario, *, request_timeout_s: float = 120.0)
             end = s.duration_s + (s.drain_s if a.during_drain else 0.0)
             at = rng.expovariate(a.rate_rps) if a.rate_rps > 0 else math.inf
             while at < end:
-                tasks.append(asyncio.create_task(_one(client, a, t0 + at, t0, rng.randrange(1 << 30), outcomes)))
+                tasks.append(asyncio.create_task(_one(client, a, t0 + at, t0, rng.randrange(1 << 30), outcomes,
+                                                      round(a.max_tokens * s.max_tokens_scale))))  # fmt: skip
                 at += rng.expovariate(a.rate_rps)
         await asyncio.gather(*tasks)
     return sorted(outcomes, key=lambda o: o.sent_at)
 
 
-async def _one(client: Any, a: AgentLoad, when: float, t0: float, seed: int, out: list[Outcome]) -> None:
+async def _one(client: Any, a: AgentLoad, when: float, t0: float, seed: int, out: list[Outcome],
+               max_tokens: int) -> None:  # fmt: skip
     import openai
 
     await asyncio.sleep(max(0.0, when - time.perf_counter()))
     words = random.Random(seed).choices(WORDS, k=a.prompt_words)
     kwargs: dict[str, Any] = {
-        "model": "auto", "messages": [{"role": "user", "content": " ".join(words)}], "max_tokens": a.max_tokens,
+        "model": "auto", "messages": [{"role": "user", "content": " ".join(words)}], "max_tokens": max_tokens,
         "extra_body": {"sim": {"output_tokens": a.output_tokens}}, "extra_headers": {"X-Agent": a.agent},
     }  # fmt: skip
     start = time.perf_counter()

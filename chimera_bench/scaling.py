@@ -16,7 +16,9 @@ Per setting:
   gateways and straight to the workers: added p50 and p99 (scheduled arrival to end of body). A rate above 90 % of
   the setting's saturation is skipped.
 * **Redis**: the gateways' own round-trip counter (``chimera_state_redis_commands_total``) and Redis's processed
-  commands, both per request, and the CPU Redis spent (``INFO cpu``), as a share of one core.
+  commands, both per request, and the CPU Redis spent (``INFO cpu``), as a share of one core; and its ceiling: the
+  state's PUT script (two per request) called by every client core as fast as Redis answers, with as many replicas'
+  load hashes as each setting has.
 
 Where ``redis-server`` is not on the PATH, ``--redis-server PATH`` names one. ``DIR/scaling.json`` holds the raw
 figures.
@@ -155,6 +157,50 @@ def _round_trips(ports: Sequence[int]) -> float:
     return total
 
 
+def _put_loop(job: dict[str, Any]) -> dict[str, Any]:
+    """One process calling the state's PUT script as fast as Redis answers (pipelines of ``batch``), as replica
+    ``me`` of ``replicas`` on ``workers`` workers: the scripts/s it got."""
+    from router.state import redis_lua
+
+    _pin({job["cpu"]})
+    client = redis.Redis(port=job["port"])
+    put = client.register_script(redis_lua.PUT)
+    keys = [f"{{ceiling}}:load:r{job['me']}", "{ceiling}:replicas"]
+    done, version, end = 0, 0, time.monotonic() + job["seconds"]
+    while time.monotonic() < end:
+        pipe = client.pipeline(transaction=False)
+        for _ in range(job["batch"]):
+            version += 1
+            put([*keys], [f"r{job['me']}", 10_000, "{ceiling}:load:", f"w{version % job['workers']}", version, 1,
+                          500, 0], client=pipe)  # fmt: skip
+        pipe.execute()
+        done += job["batch"]
+    return {"scripts": done, "seconds": job["seconds"]}
+
+
+def redis_ceiling(pool: Any, cpus: list[int], port: int, replicas: int, workers: int, seconds: float = 3.0,
+                  batch: int = 50) -> dict[str, Any]:  # fmt: skip
+    """How many of the state's PUT scripts one Redis runs per second with ``replicas`` replicas' load hashes to
+    read (each PUT reads every other replica's numbers for its worker), and so how many requests/s (two PUTs each)
+    one Redis carries at most."""
+    rdb = redis.Redis(port=port)
+    for r in range(replicas):  # every replica's load hash present, as in a fleet of that many
+        rdb.hset(f"{{ceiling}}:load:r{r}", mapping={f"w{w}:{k}": 1 for w in range(workers) for k in "vrtp"})
+        rdb.sadd("{ceiling}:replicas", f"r{r}")
+    cpu0 = _redis_now(rdb)[1]
+    t0 = time.monotonic()
+    jobs = [{"cpu": cpu, "port": port, "me": k % replicas, "workers": workers, "seconds": seconds, "batch": batch}
+            for k, cpu in enumerate(cpus)]  # fmt: skip
+    got = list(pool.map(_put_loop, jobs))
+    wall = time.monotonic() - t0
+    share = (_redis_now(rdb)[1] - cpu0) / wall
+    scripts = sum(g["scripts"] for g in got) / seconds
+    rdb.delete(*rdb.keys("{ceiling}:*"))
+    return {"replicas": replicas, "put_scripts_per_s": round(scripts), "requests_per_s": round(scripts / 2),
+            "redis_cpu_share": round(share, 3),
+            "requests_per_s_at_one_core": round(scripts / 2 / share) if share > 0 else None}  # fmt: skip
+
+
 # -- one setting -------------------------------------------------------------------------------------------------
 
 
@@ -239,10 +285,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                        + "".join(BACKEND.format(i=i, port=p) for i, p in enumerate(wports)) + AGENTS)  # fmt: skip
         ctx = multiprocessing.get_context("spawn")
         direct_at: dict[float, list[dict[str, Any]]] = {}
+        ceilings: list[dict[str, Any]] = []
 
         def save() -> None:
             cores_of = {"gateways": gw_cores, "redis": redis_core, "workers": worker_cores, "clients": client_cores}
-            doc = {"cores": cores_of, "args": vars(args), "rows": rows, "summary": summary(rows)}
+            doc = {"cores": cores_of, "args": vars(args), "rows": rows, "summary": summary(rows),
+                   "redis_ceiling": ceilings}
             (dest / "scaling.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
         with ctx.Pool(len(client_cores)) as pool:
@@ -259,6 +307,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     for proc in gws:
                         gateway_proc.stop(proc, timeout_s=30.0)
                 save()
+            ceilings = [redis_ceiling(pool, client_cores, rport, n, len(wports)) for n in args.replicas]
+            print(json.dumps({"redis_ceiling": ceilings}), flush=True)
             for n in args.serve_workers:
                 cmd = [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg), "--port", str(gport),
                        "--workers", str(n)]  # fmt: skip

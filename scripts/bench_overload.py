@@ -58,7 +58,7 @@ def run(s: Scenario, tmp: Path, workers: list[str] | None = None) -> dict[str, A
             proc.kill()
             proc.wait()
     return {"scenario": {"multiple": s.multiple, "seed": s.seed, "admission": s.admission, "adaptive": s.adaptive,
-                         "speedup": s.speedup,
+                         "speedup": s.speedup, "max_tokens_scale": s.max_tokens_scale,
                          "duration_s": s.duration_s, "drain_s": s.drain_s, "kv_tokens": s.kv_tokens,
                          "workers": s.workers, "scheduling_policy": s.scheduling_policy,
                          "workers_at": list(urls.values()) if workers else "sims"},
@@ -129,13 +129,15 @@ def main() -> None:
     )
     ap.add_argument("--modes", default="", help="none,static,adaptive: run every multiple and seed in each (overrides "
                     "--baseline and --no-admission)")  # fmt: skip
+    ap.add_argument("--max-tokens-scale", type=float, default=1.0,
+                    help="each request asks for this many times its agent's max_tokens (answers as long as before)")
     ap.add_argument("--urls", default="", help="comma-separated URLs of running workers (real vLLM) instead of sims")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     scenarios = []
     for m in (float(x) for x in args.multiples.split(",")):
         kw = {"multiple": m, "duration_s": args.duration, "drain_s": args.drain, "speedup": args.speedup,
-              "scheduling_policy": args.scheduling_policy}  # fmt: skip
+              "scheduling_policy": args.scheduling_policy, "max_tokens_scale": args.max_tokens_scale}  # fmt: skip
         if args.modes:
             scenarios += [Scenario(seed=int(seed), admission=mode != "none", adaptive=mode == "adaptive", **kw)
                           for seed in args.seeds.split(",") for mode in args.modes.split(",")]  # fmt: skip
