@@ -158,8 +158,8 @@ class RedisFleetState:
         client, self._client = self._client, None
         await client.aclose()
         sentinel, self._sentinel = self._sentinel, None
-        if sentinel is not None:
-            await sentinel.aclose()
+        for asked in sentinel.sentinels if sentinel is not None else ():
+            await asked.aclose()
 
     # -- reads (local, no I/O) --
 
