@@ -10,8 +10,9 @@ each: the same bare HTTP/1.1 client as the overhead workload (:func:`chimera_ben
 
 Per setting:
 
-* **Saturation**: every client holds ``--connections`` requests in flight for ``--duration`` seconds (a closed
-  loop): the requests/s completed is what the replicas carry at most (``--repeat`` runs: their median and range).
+* **Saturation**: the clients hold ``--connections`` requests in flight per gateway process for ``--duration``
+  seconds (a closed loop; far more in flight and a saturated process answers Redis later than ``op_timeout_s``):
+  the requests/s completed is what the replicas carry at most (``--repeat`` runs: their median and range).
 * **Latency at fixed rates**: an open-loop Poisson stream at each of ``--rates`` (split over the clients), through the
   gateways and straight to the workers: added p50 and p99 (scheduled arrival to end of body). A rate above 90 % of
   the setting's saturation is skipped.
@@ -145,6 +146,14 @@ def _redis_now(client: redis.Redis) -> tuple[float, float]:
     return float(info["total_commands_processed"]), float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def _counter(ports: Sequence[int], name: str) -> float:
+    total = 0.0
+    for port in ports:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        total += sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+    return total
+
+
 def _round_trips(ports: Sequence[int]) -> float:
     """The gateways' Redis round trips so far (``--workers N``: every process's, summed by any one's /metrics, once
     each has published its own)."""
@@ -211,7 +220,9 @@ def measure(label: str, ports: list[int], processes: int, worker_urls: list[str]
     common = {"stream": args.stream, "warmup_s": args.warmup, "duration_s": args.duration}
     c0, cpu0, rt0 = *_redis_now(rdb), _round_trips(ports)
     t0 = time.monotonic()
-    runs = [_drive(pool, client_cpus, kind="closed", urls=urls, connections=args.connections, **common)
+    conns = -(-args.connections * processes // len(client_cpus))  # per client: --connections per gateway process
+    degraded0 = _counter(ports, "chimera_state_degraded_total")
+    runs = [_drive(pool, client_cpus, kind="closed", urls=urls, connections=conns, **common)
             for _ in range(args.repeat)]  # fmt: skip
     wall = time.monotonic() - t0
     c1, cpu1, rt1 = *_redis_now(rdb), _round_trips(ports)
@@ -225,6 +236,7 @@ def measure(label: str, ports: list[int], processes: int, worker_urls: list[str]
         "redis_commands_per_request": round((c1 - c0) / completed, 2) if completed else None,
         "gateway_round_trips_per_request": round((rt1 - rt0) / completed, 2) if completed else None,
         "redis_cpu_share": round((cpu1 - cpu0) / wall, 3),
+        "degraded_events": _counter(ports, "chimera_state_degraded_total") - degraded0,  # Redis lost mid-run
         "rates": [],
     }  # fmt: skip
     for rate in args.rates:
@@ -340,7 +352,8 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
         added = "; ".join(f"{x['rate']:g}/s +{x['added_ms']['p50']} / +{x['added_ms']['p99']} ms"
                           for x in r["rates"])  # fmt: skip
         out.append(f"{r['setting']}: {r['saturation_rps']:.0f}/s {r['saturation_runs']} (x{linear} of linear), "
-                   f"{r['gateway_round_trips_per_request']} round trips/request, Redis "
+                   f"{r['gateway_round_trips_per_request']} round trips/request "
+                   f"({r['degraded_events']:g} outages), Redis "
                    f"{r['redis_commands_per_request']} commands/request at {r['redis_cpu_share']:.0%} of a core; "
                    f"{added}")  # fmt: skip
     return out
@@ -358,7 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rates", type=_csv(float), default=(1000.0, 4000.0), help="open-loop requests/s")
     p.add_argument("--workers", type=int, default=3, help="zero-latency workers, one core each")
     p.add_argument("--clients", type=int, default=3, help="load-client processes, one core each")
-    p.add_argument("--connections", type=int, default=64, help="requests in flight per client (saturation)")
+    p.add_argument("--connections", type=int, default=16,
+                   help="requests in flight per gateway process (saturation), spread over the clients")
     p.add_argument("--repeat", type=int, default=3, help="saturation runs per setting")
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=1.0)
