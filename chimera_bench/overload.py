@@ -32,6 +32,7 @@ from typing import Any
 
 MODEL = "qwen2.5-0.5b"
 PROFILE = "h200-qwen2.5-0.5b"
+MAX_MODEL_LEN = 4096  # the workers' max_model_len (prompt + answer)
 STEP_S = 0.0026  # the profile's decode step at a small batch, seconds at speedup 1
 WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega router worker token".split()
 
@@ -78,6 +79,14 @@ class Scenario:
     # multiple of capacity): apps set max_tokens loosely, and a reservation then holds KV the answer never uses.
     max_tokens_scale: float = 1.0
 
+    def __post_init__(self) -> None:
+        if self.max_tokens_scale < 1.0:
+            raise ValueError("max_tokens_scale is at least 1 (a smaller max_tokens would cut the answers short)")
+        longest = max(_prompt_tokens(a) + round(a.max_tokens * self.max_tokens_scale) for a in AGENTS)
+        if longest > MAX_MODEL_LEN:
+            raise ValueError(f"max_tokens_scale {self.max_tokens_scale:g} asks for {longest} tokens, over the "
+                             f"workers' max_model_len {MAX_MODEL_LEN}")  # fmt: skip
+
     def agents(self) -> tuple[AgentLoad, ...]:
         """The agents with rates in real requests per second (batch and crawler fill the multiple)."""
         fixed = [a for a in AGENTS if a.rate_rps > 0]
@@ -94,8 +103,11 @@ class Scenario:
 
     def occupancy_tok_s(self, a: AgentLoad) -> float:
         """Reserved token-seconds of one request: (prompt + max_tokens) x its answer's duration."""
-        prompt = math.ceil(a.prompt_words * 6.5 / 4) + 4
-        return (prompt + a.max_tokens) * (0.015 + a.output_tokens * STEP_S) / self.speedup
+        return (_prompt_tokens(a) + a.max_tokens) * (0.015 + a.output_tokens * STEP_S) / self.speedup
+
+
+def _prompt_tokens(a: AgentLoad) -> int:
+    return math.ceil(a.prompt_words * 6.5 / 4) + 4
 
 
 def _replace_rate(a: AgentLoad, rate: float) -> AgentLoad:
@@ -114,7 +126,7 @@ def scenario_config(s: Scenario, urls: Mapping[str, str], *, sims: bool = False,
     backends = []
     for i, (name, url) in enumerate(urls.items()):
         b: dict[str, Any] = {"name": name, "url": url, "model": MODEL, "kv_budget_tokens": s.kv_tokens,
-                             "max_model_len": 4096, "profile": PROFILE,
+                             "max_model_len": MAX_MODEL_LEN, "profile": PROFILE,
                              "scheduling_policy": s.scheduling_policy}  # fmt: skip
         if sims:
             b["sim"] = {"profile": PROFILE, "speedup": s.speedup, "seed": s.seed * 100 + i, "kv_tokens": s.kv_tokens}

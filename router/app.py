@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -144,17 +145,24 @@ def create_app(
     )
 
 
+log = logging.getLogger(__name__)
 STATE_COUNTERS_S = 1.0  # `--workers N`: how often each process publishes its Redis counters to the shared files
 
 
 @contextlib.asynccontextmanager
 async def _every(interval_s: float, fn: Callable[[], None]) -> AsyncIterator[None]:
-    """``fn()`` every ``interval_s`` seconds, in a task, until the block ends."""
+    """``fn()`` every ``interval_s`` seconds, in a task, and once more when the block ends."""
+
+    def call() -> None:
+        try:
+            fn()
+        except Exception:  # a failed publication is logged; the next one still runs
+            log.exception("periodic %s failed", getattr(fn, "__name__", "task"))
 
     async def loop() -> None:
         while True:
             await asyncio.sleep(interval_s)
-            fn()
+            call()
 
     task = asyncio.create_task(loop())
     try:
@@ -163,6 +171,7 @@ async def _every(interval_s: float, fn: Callable[[], None]) -> AsyncIterator[Non
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        call()  # what happened since the last one
 
 
 YOUNG_GC_THRESHOLD = 7000  # Python's default is 700

@@ -112,6 +112,14 @@ def modes_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _scale(text: str) -> float:
+    try:
+        Scenario(max_tokens_scale=float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return float(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--multiples", default="2,3")
@@ -129,7 +137,7 @@ def main() -> None:
     )
     ap.add_argument("--modes", default="", help="none,static,adaptive: run every multiple and seed in each (overrides "
                     "--baseline and --no-admission)")  # fmt: skip
-    ap.add_argument("--max-tokens-scale", type=float, default=1.0,
+    ap.add_argument("--max-tokens-scale", type=_scale, default=1.0,
                     help="each request asks for this many times its agent's max_tokens (answers as long as before)")
     ap.add_argument("--urls", default="", help="comma-separated URLs of running workers (real vLLM) instead of sims")
     ap.add_argument("--out", default="")

@@ -134,7 +134,8 @@ class RedisFleetState:
         }  # fmt: skip
         if self._opts.sentinels:
             self._sentinel = _sentinel(self._opts)
-            self._client = self._sentinel.master_for(self._opts.service, **kwargs, **_master_kwargs(self._opts.url))
+            # the URL's own keys win, as redis-py's from_url lets them
+            self._client = self._sentinel.master_for(self._opts.service, **{**kwargs, **_master_kwargs(self._opts.url)})
         else:
             self._client = aioredis.Redis.from_url(self._opts.url, **kwargs)
         for name in ("PUT", "SYNC", "PUBLISH_PROBE", "ELECT", "GOODBYE", "TAKE_TOKENS"):
@@ -156,10 +157,13 @@ class RedisFleetState:
             leases = [self._k_lease + w for w in self._table.records]
             await self._call("GOODBYE", [self._key_self(), self._k_replicas, *leases], [self.replica_id])
         client, self._client = self._client, None
-        await client.aclose()
         sentinel, self._sentinel = self._sentinel, None
-        for asked in sentinel.sentinels if sentinel is not None else ():
-            await asked.aclose()
+        try:
+            await client.aclose()
+        finally:
+            for asked in sentinel.sentinels if sentinel is not None else ():
+                with contextlib.suppress(RedisError, OSError):
+                    await asked.aclose()
 
     # -- reads (local, no I/O) --
 
@@ -260,6 +264,8 @@ class RedisFleetState:
 
     async def sync(self) -> bool:
         """One SYNC round trip (heartbeat, republish, read). False when Redis did not answer."""
+        if self._degraded and self._sentinel is not None:
+            await self._find_master()
         workers = list(self._table.records.values())
         args: list[str | int] = [self.replica_id, self._ttl_ms(), self._k_load, self._k_probe, len(workers)]
         for r in workers:
@@ -432,6 +438,16 @@ class RedisFleetState:
                 why = str(exc) or type(exc).__name__  # a timeout's message is empty
                 log.warning("fleet state: Redis unreachable (%s); serving on the local view", why)
             return None
+
+    async def _find_master(self) -> None:
+        """Ask the Sentinels where the master is, each within ``op_timeout_s``, before a degraded state's next SYNC:
+        the one that answers moves to the front of redis-py's list, so the SYNC's own connection asks it first (a
+        silent Sentinel first in the list would otherwise use up every round trip's ``op_timeout_s``)."""
+        assert self._sentinel is not None
+        budget = self._opts.op_timeout_s * (len(self._sentinel.sentinels) + 1)
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            async with asyncio.timeout(budget):
+                await self._sentinel.discover_master(self._opts.service)
 
     def _key_self(self) -> str:
         return self._k_load + self.replica_id

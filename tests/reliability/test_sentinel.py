@@ -14,7 +14,7 @@ import redis
 
 from tests.conftest import ServerThread, make_config
 from tests.redisutil import RedisServer
-from tests.reliability.harness import SwitchableWorker, Tally, completion_body, fleet, one_request, until
+from tests.reliability.harness import Blackhole, SwitchableWorker, Tally, completion_body, fleet, one_request, until
 
 SERVICE = "chimera-test"
 RATE = 20.0  # requests/s, the target's load
@@ -122,6 +122,41 @@ async def test_sentinel_failover_under_load_loses_nothing(gateway_server: object
         return all(h.get(f"w{i}:{k}") == "0" for i in range(2) for k in "rt")
 
     await until(published_zero, within=2)  # the new master holds no reservation of ours
+
+
+async def test_a_silent_sentinel_first_in_the_list_is_passed_over(gateway_server: object, fake_server: object,
+                                                                   sentinel_set: SentinelSet) -> None:  # fmt: skip
+    """The first Sentinel named accepts connections and never answers: the state still finds the master through the
+    second, and serves on Redis, within seconds of starting."""
+    silent = Blackhole()
+    try:
+        worker = fake_server(SwitchableWorker(chunks=2, chunk_delay=0.0))  # type: ignore[operator]
+        state = (f"redis+sentinel://127.0.0.1:{silent.port},127.0.0.1:{sentinel_set.sentinel.port}/{SERVICE}"
+                 "?prefix=silent&sync_interval_s=0.1")  # fmt: skip
+        cfg = make_config([{"name": "w0", "url": worker.url, "model": "m"}], state=state)
+        gw: ServerThread = gateway_server(cfg)  # type: ignore[operator]
+        await until(lambda: fleet(gw.url)["state"] == "redis", within=5)
+        async with httpx.AsyncClient(timeout=10) as client:
+            out = await one_request(client, gw.url, completion_body(0, stream=False), BOUND_S, None)
+        assert out.kind == "ok" and fleet(gw.url)["state"] == "redis"
+    finally:
+        silent.close()
+
+
+async def test_the_urls_own_connection_keys_win(sentinel_set: SentinelSet) -> None:
+    """Keys the state also sets (``socket_timeout``) may be given in the URL, as on a plain ``redis://`` one."""
+    from router.core.config import HealthConfig
+    from router.core.stateurl import redis_options
+    from router.state.redis_state import RedisFleetState
+
+    url = f"redis+sentinel://127.0.0.1:{sentinel_set.sentinel.port}/{SERVICE}?prefix=keys&socket_timeout=0.5"
+    cfg = make_config([{"name": "w0", "url": "http://127.0.0.1:9", "model": "m"}], state=url)
+    st = RedisFleetState(cfg.backends, HealthConfig(), redis_options(url))
+    await st.start()
+    try:
+        assert not st.degraded
+    finally:
+        await st.close()
 
 
 @pytest.fixture
