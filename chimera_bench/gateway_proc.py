@@ -117,16 +117,16 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def start(
-    cmd: list[str], log_file: Path, cpu: int | None = None, env: dict[str, str] | None = None
+    cmd: list[str], log_file: Path, cpu: int | set[int] | None = None, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start a server process logging to ``log_file``, pinned to ``cpu`` before it runs (as ``taskset -c CPU``:
-    every thread it starts, and a runtime's count of cores, keeps to that core)."""
+    """Start a server process logging to ``log_file``, pinned to ``cpu`` (a core, or a set of them) before it runs
+    (as ``taskset -c CPU``: every thread and process it starts, and a runtime's count of cores, keeps to them)."""
     from router.serve import die_with_parent
 
     def setup() -> None:  # in the child, before exec
         die_with_parent()  # a bench killed outright (SIGKILL, OOM) takes its servers with it
         if cpu is not None and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, {cpu})
+            os.sched_setaffinity(0, {cpu} if isinstance(cpu, int) else cpu)
 
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as err:

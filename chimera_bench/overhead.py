@@ -52,6 +52,12 @@ agents:
 """
 
 
+def request_head(host: str, payload: bytes, extra_headers: str = "") -> bytes:
+    """The whole HTTP/1.1 request a load client sends for a chat completion of ``payload``."""
+    return (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+            f"{extra_headers}content-length: {len(payload)}\r\n\r\n").encode() + payload  # fmt: skip
+
+
 class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
@@ -92,8 +98,7 @@ async def offer(
     host = addresses[0][0]
     opened = [0]
     key = f"authorization: Bearer {auth}\r\n" if auth else ""
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n{key}"
-            f"content-length: {len(payload)}\r\n\r\n").encode() + payload  # fmt: skip
+    head = request_head(host, payload, key)
     idle: list[_Conn] = []
     lat: list[tuple[float, float]] = []  # (scheduled arrival, latency)
     errors = [0]

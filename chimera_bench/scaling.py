@@ -46,7 +46,7 @@ import redis
 
 from backends.listen import free_port, wait_ready
 from chimera_bench import gateway_proc
-from chimera_bench.overhead import _Conn, body, offer
+from chimera_bench.overhead import _Conn, body, offer, request_head
 from chimera_bench.stats import quantiles
 from router.app import STATE_COUNTERS_S
 from router.core.errors import ChimeraError
@@ -66,18 +66,6 @@ def _pin(cpus: set[int]) -> None:
         os.sched_setaffinity(0, cpus)
 
 
-def _start(cmd: list[str], log: Path, cpus: set[int], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    from router.serve import die_with_parent
-
-    def setup() -> None:
-        die_with_parent()
-        _pin(cpus)
-
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as err:
-        return subprocess.Popen(cmd, stdout=err, stderr=err, env=env, preexec_fn=setup)
-
-
 # -- the load, one process per client core -----------------------------------------------------------------------
 
 
@@ -86,8 +74,7 @@ async def _closed(urls: Sequence[str], connections: int, warmup_s: float, durati
     """``connections`` requests in flight for ``warmup_s + duration_s``: the requests/s completed in the measured
     part, and their latencies."""
     addrs = [(h, int(p)) for h, p in (u.removeprefix("http://").split(":") for u in urls)]
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {addrs[0][0]}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(payload)}\r\n\r\n").encode() + payload  # fmt: skip
+    head = request_head(addrs[0][0], payload)
     t0 = time.monotonic()
     start, end = t0 + warmup_s, t0 + warmup_s + duration_s
     done, total, errors, lat = [0], [0], [0], []
@@ -166,12 +153,7 @@ def _round_trips(ports: Sequence[int]) -> float:
     """The gateways' Redis round trips so far (``--workers N``: every process's, summed by any one's /metrics, once
     each has published its own)."""
     time.sleep(STATE_COUNTERS_S + 0.2)
-    total = 0.0
-    for port in ports:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        total += sum(float(line.split()[-1]) for line in text.splitlines()
-                     if line.startswith("chimera_state_redis_commands_total"))  # fmt: skip
-    return total
+    return _counter(ports, "chimera_state_redis_commands_total")
 
 
 def _put_loop(job: dict[str, Any]) -> dict[str, Any]:
@@ -287,14 +269,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     exe = args.redis_server or shutil.which("redis-server") or sys.exit("redis-server not found (--redis-server)")
     rport = free_port()
     procs: list[subprocess.Popen[bytes]] = [
-        _start([exe, "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-               logs / "redis.log", {redis_core})]  # fmt: skip
+        gateway_proc.start([exe, "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                           logs / "redis.log", redis_core)]  # fmt: skip
     rows: list[dict[str, Any]] = []
     try:
         wports = [free_port() for _ in worker_cores]
         for port, cpu in zip(wports, worker_cores, strict=True):
-            procs.append(_start([sys.executable, "-m", "chimera_bench.fastworker", "--port", str(port)],
-                                logs / f"worker-{port}.log", {cpu}))  # fmt: skip
+            cmd = [sys.executable, "-m", "chimera_bench.fastworker", "--port", str(port)]
+            procs.append(gateway_proc.start(cmd, logs / f"worker-{port}.log", cpu))
         worker_urls = [f"http://127.0.0.1:{p}" for p in wports]
         for url in worker_urls:
             wait_ready(url + "/health")
@@ -322,8 +304,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         with ctx.Pool(len(client_cores)) as pool:
             for n in args.replicas:
                 ports = [gport if i == 0 else free_port() for i in range(n)]
-                gws = [_start(gateway_proc.command(str(cfg), port, policy=None), logs / f"gateway-x{n}-{i}.log",
-                              {gw_cores[i]}) for i, port in enumerate(ports)]  # fmt: skip
+                gws = [gateway_proc.start(gateway_proc.command(str(cfg), port, policy=None),
+                                          logs / f"gateway-x{n}-{i}.log", gw_cores[i])
+                       for i, port in enumerate(ports)]  # fmt: skip
                 try:
                     for port, proc in zip(ports, gws, strict=True):
                         wait_ready(f"http://127.0.0.1:{port}/ready", proc=proc)
@@ -339,7 +322,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 cmd = [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg), "--port", str(gport),
                        "--workers", str(n)]  # fmt: skip
                 env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-                proc = _start(cmd, logs / f"serve-workers-{n}.log", set(gw_cores[:n]), env)
+                proc = gateway_proc.start(cmd, logs / f"serve-workers-{n}.log", set(gw_cores[:n]), env)
                 try:
                     try:
                         gateway_proc.wait_replicas(f"http://127.0.0.1:{gport}", [proc] * n, timeout_s=30.0)

@@ -18,24 +18,21 @@ import asyncio
 import json
 import math
 import random
-import re
 import statistics
 import time
 from typing import Any
 
 import aiohttp
 
-_METRICS = {
-    "running": re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", re.M),
-    "waiting": re.compile(r"^vllm:num_requests_waiting(?:\{[^}]*\})? (\S+)$", re.M),
-    "kv": re.compile(r"^vllm:kv_cache_usage_perc(?:\{[^}]*\})? (\S+)$", re.M),
-    "preemptions": re.compile(r"^vllm:num_preemptions_total(?:\{[^}]*\})? (\S+)$", re.M),
-}
+from backends.scrape import parse_metrics
+from chimera_bench.stats import quantiles
+from router.core.errors import WorkerProtocolError
 
 
 def requests_for(rate: float, duration: float, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(f"{seed}-{rate}")
-    out, t = [], 0.0
+    out: list[dict[str, Any]] = []
+    t = 0.0
     while True:
         t += rng.expovariate(rate)
         if t >= duration:
@@ -69,13 +66,11 @@ async def sample(session: aiohttp.ClientSession, url: str, t0: float, into: list
         try:
             async with session.get(url + "/metrics") as resp:
                 text = await resp.text()
-            row = {"t": round(time.monotonic() - t0, 3)}
-            for key, rx in _METRICS.items():
-                m = rx.search(text)
-                if m:
-                    row[key] = float(m.group(1))
-            into.append(row)
-        except aiohttp.ClientError:
+            m = parse_metrics(text)
+            row = {"t": round(time.monotonic() - t0, 3), "running": m.running, "waiting": m.waiting,
+                   "kv": m.kv_usage, "preemptions": m.preemptions_total}  # fmt: skip
+            into.append({k: v for k, v in row.items() if v is not None})
+        except (aiohttp.ClientError, WorkerProtocolError):
             pass
         await asyncio.sleep(0.25)
 
@@ -103,21 +98,13 @@ async def run_rate(url: str, model: str, rate: float, duration: float, drain: fl
             "summary": summarize(recs, samples)}  # fmt: skip
 
 
-def _q(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000, 1)
-
-
 def summarize(recs: list[dict[str, Any]], samples: list[dict[str, float]]) -> dict[str, Any]:
-    ttft = [r["ttft_s"] for r in recs if "ttft_s" in r]
-    e2e = [r["e2e_s"] for r in recs if "e2e_s" in r]
+    ttft = quantiles(r["ttft_s"] * 1000 for r in recs if "ttft_s" in r)
+    e2e = quantiles(r["e2e_s"] * 1000 for r in recs if "e2e_s" in r)
     pre = [s["preemptions"] for s in samples if "preemptions" in s]
     return {
         "requests": len(recs), "errors": sum("error" in r for r in recs),
-        "ttft_ms": {"p50": _q(ttft, 0.5), "p90": _q(ttft, 0.9), "p99": _q(ttft, 0.99)},
-        "e2e_ms": {"p50": _q(e2e, 0.5), "p99": _q(e2e, 0.99)},
+        "ttft_ms": ttft, "e2e_ms": e2e,
         "preemptions": (max(pre) - min(pre)) if pre else None,
         "waiting_max": max((s.get("waiting", 0) for s in samples), default=None),
         "waiting_mean": round(statistics.fmean(s.get("waiting", 0) for s in samples), 1) if samples else None,
