@@ -220,8 +220,9 @@ class AdmissionController:
         if v.inflight_requests + held_r == 0:
             return True  # an idle worker takes any request: waiting would not make it fit better
         if self.adaptive is not None:  # its own ratio, moved by feedback, scaled per priority as kv_full_ratio is
-            need = v.inflight_tokens + held_t + own
-            limit *= self.adaptive.ratio(v, self.clock(), need) / self.options.kv_full_ratio
+            share = limit / self.options.kv_full_ratio  # this priority's share of the ratio
+            need = (v.inflight_tokens + held_t + own) / share  # it binds where the share does
+            limit = share * self.adaptive.ratio(v, self.clock(), math.ceil(need))
         return v.inflight_tokens + held_t + own <= limit * v.kv_budget_tokens
 
     def _late(self, f: RequestFeatures, d: Decision, room: FleetSnapshot, arrived: float, now: float) -> bool:

@@ -114,3 +114,23 @@ async def test_adaptive_admission_fills_the_kv_that_reservations_leave_idle(
     assert took[True] < 0.7 * took[False], took
     assert max(waiting) <= 2 and 1.5 * peak[False] < peak[True] <= 0.95, (waiting, peak)
     assert ratio is not None and ratio > 0.8  # moved up from kv_full_ratio
+
+
+async def test_a_less_urgent_agent_whose_share_of_the_ratio_binds_moves_it_up(
+    sim_server: Servers, gateway_server: Servers
+) -> None:
+    """A priority-5 agent may fill 0.75 of a worker's ratio (``priority_headroom``): where its requests fill that
+    share while the worker's KV is mostly idle, the ratio grows as it does for an urgent agent's, instead of holding
+    with those requests refused below the binding point the urgent agents see."""
+    sim = sim_server(model="m", profile="h200-qwen2.5-0.5b", speedup=2.0, kv_tokens=8192)
+    cfg = make_config([{"name": "w", "url": sim.url, "model": "m", "kv_budget_tokens": 8192}],
+                      [{"name": "batch", "models": ["m"], "priority": 5}], default_agent="batch",
+                      health={"probe_interval_s": 0.1}, admission={"adaptive": True})  # fmt: skip
+    gw = gateway_server(cfg, probe=True)
+    body = {"model": "m", "prompt": "w " * 50, "max_tokens": 300, "sim": {"output_tokens": 40}}
+    async with httpx.AsyncClient(timeout=60) as http:
+        statuses = [r.status_code for r in await asyncio.gather(*(http.post(gw.url + "/v1/completions", json=body)
+                                                                   for _ in range(80)))]  # fmt: skip
+        ratio = _gauge((await http.get(gw.url + "/metrics")).text, "chimera_admission_ratio", backend="w")
+    assert statuses == [200] * 80
+    assert ratio is not None and ratio > 0.8, ratio
