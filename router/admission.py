@@ -191,8 +191,8 @@ class AdmissionController:
         eligible = self.state.snapshot().servable(f)
         first = self.policy(f, eligible)
         own = reserved_tokens(f, first.predicted.get("output_tokens"))
-        limit = self._limit(priority)
-        room = tuple(v for v in eligible.backends if self._room(v, own, limit))
+        share = self._share(priority)
+        room = tuple(v for v in eligible.backends if self._room(v, own, share))
         if not room:
             return None, first
         names = {v.name for v in room}
@@ -209,21 +209,21 @@ class AdmissionController:
         need = f.prompt_tokens + (f.max_tokens or 0)
         return not any(need <= b.max_model_len for b in self.state.snapshot().backends if b.model in f.models)
 
-    def _limit(self, priority: float) -> float:
-        o = self.options
-        return o.kv_full_ratio * max(MIN_LIMIT_SHARE, 1.0 - o.priority_headroom * max(0.0, priority))
+    def _share(self, priority: float) -> float:
+        """The share of a worker's ratio (``kv_full_ratio``, or its adaptive one) this priority may fill."""
+        return max(MIN_LIMIT_SHARE, 1.0 - self.options.priority_headroom * max(0.0, priority))
 
-    def _room(self, v: BackendView, own: int, limit: float) -> bool:
+    def _room(self, v: BackendView, own: int, share: float) -> bool:
         held_r, held_t = self._held.get(v.name, (0, 0))
         if self.options.max_waiting is not None and (v.waiting or 0) > self.options.max_waiting:
             return False
         if v.inflight_requests + held_r == 0:
             return True  # an idle worker takes any request: waiting would not make it fit better
-        if self.adaptive is not None:  # its own ratio, moved by feedback, scaled per priority as kv_full_ratio is
-            share = limit / self.options.kv_full_ratio  # this priority's share of the ratio
-            need = (v.inflight_tokens + held_t + own) / share  # it binds where the share does
-            limit = share * self.adaptive.ratio(v, self.clock(), math.ceil(need))
-        return v.inflight_tokens + held_t + own <= limit * v.kv_budget_tokens
+        load = v.inflight_tokens + held_t + own
+        ratio = self.options.kv_full_ratio
+        if self.adaptive is not None:  # its own ratio, moved by feedback; it binds where this priority's share does
+            ratio = self.adaptive.ratio(v, self.clock(), math.ceil(load / share))
+        return load <= share * ratio * v.kv_budget_tokens
 
     def _late(self, f: RequestFeatures, d: Decision, room: FleetSnapshot, arrived: float, now: float) -> bool:
         """Predicted to miss its SLA on a loaded worker (on an idle one, waiting cannot help)."""
@@ -370,7 +370,8 @@ class AdmissionController:
             eligible = self.state.snapshot().servable(f)
         except NoHealthyWorker:
             return 1.0
-        own, limit, best = reserved_tokens(f, first.predicted.get("output_tokens")), self._limit(f.priority), math.inf
+        own, best = reserved_tokens(f, first.predicted.get("output_tokens")), math.inf
+        limit = self.options.kv_full_ratio * self._share(f.priority)
         # the queued requests that go first (more urgent now, for one of its models) need their room too: their
         # tokens come on top of this one's, spread over the workers that could take them
         ahead = self.queue.tokens_ahead(f, self.clock()) / max(1, len(eligible.backends))
