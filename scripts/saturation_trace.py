@@ -8,7 +8,9 @@ prompts are token ids (exact lengths on any tokenizer, no shared prefixes) and w
     python scripts/saturation_trace.py --url http://127.0.0.1:8003 --model qwen2.5-7b \\
         --rates 16,24,32 --duration 30 --out real-7b.json
 
-Compare two traces with ``--compare a.json b.json``.
+Compare two traces with ``--compare a.json b.json``. ``--burst 256,128,256`` sends one closed burst instead (256
+requests of 128 prompt tokens and 256 answer tokens at once, non-streamed, then streamed) and records its makespan and
+preemptions: the saturation phase of the probes behind the shipped profiles (``docs/results/real-h200/probes``).
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ def requests_for(rate: float, duration: float, seed: int) -> list[dict[str, Any]
 
 
 async def one(session: aiohttp.ClientSession, url: str, model: str, req: dict[str, Any], t0: float,
-              rec: dict[str, Any]) -> None:  # fmt: skip
+              rec: dict[str, Any], stream: bool = True) -> None:  # fmt: skip
     await asyncio.sleep(max(0.0, t0 + req["at"] - time.monotonic()))
     body = {"model": model, "prompt": req["ids"], "max_tokens": req["max_tokens"], "ignore_eos": True,
-            "stream": True, "temperature": 0}  # fmt: skip
+            "stream": stream, "temperature": 0}  # fmt: skip
     start = t0 + req["at"]
     try:
         async with session.post(url + "/v1/completions", json=body) as resp:
@@ -125,6 +127,39 @@ async def main_async(args: argparse.Namespace) -> None:
         await asyncio.sleep(args.pause)
 
 
+async def preemptions(session: aiohttp.ClientSession, url: str) -> float | None:
+    async with session.get(url + "/metrics") as resp:
+        return parse_metrics(await resp.text()).preemptions_total
+
+
+async def burst(args: argparse.Namespace) -> None:
+    """One closed burst, non-streamed then streamed: every request sent at once, timed to the last answer."""
+    n, prompt, out_tokens = args.burst
+    rng = random.Random(args.seed)
+    out: dict[str, Any] = {"url": args.url, "model": args.model, "burst": {"requests": n, "prompt": prompt,
+                                                                           "out": out_tokens}}  # fmt: skip
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=None)) as s:  # fmt: skip
+        await one(s, args.url, args.model, {"at": 0, "ids": [11] * 16, "max_tokens": 4}, time.monotonic(), {})
+        for mode in ("nonstream", "stream"):
+            reqs = [{"at": 0.0, "max_tokens": out_tokens, "ids": [rng.randrange(10, 20000) for _ in range(prompt)]}
+                    for _ in range(n)]  # fmt: skip
+            recs: list[dict[str, Any]] = [{} for _ in reqs]
+            before = await preemptions(s, args.url)
+            t0 = time.monotonic()
+            await asyncio.gather(*(one(s, args.url, args.model, r, t0, rec, stream=mode == "stream")
+                                   for r, rec in zip(reqs, recs, strict=True)))  # fmt: skip
+            makespan = time.monotonic() - t0
+            after = await preemptions(s, args.url)
+            e2e = quantiles(r["e2e_s"] * 1000 for r in recs if "e2e_s" in r)
+            out[mode] = {"makespan_s": round(makespan, 4), "out_tok_s": round(n * out_tokens / makespan, 1),
+                         "e2e_ms_p50": e2e["p50"], "e2e_ms_p99": e2e["p99"], "errors": sum("error" in r for r in recs),
+                         "preemptions": None if after is None or before is None else after - before}  # fmt: skip
+            print(json.dumps({mode: out[mode]}), flush=True)
+            await asyncio.sleep(args.pause)
+    _write(args.out, out)
+
+
 def _write(path: str, doc: dict[str, Any]) -> None:
     with open(path, "w") as f:
         json.dump(doc, f)
@@ -153,9 +188,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="trace.json")
     ap.add_argument("--compare", nargs="+")
+    ap.add_argument("--burst", metavar="N,PROMPT,OUT", type=lambda s: [int(x) for x in s.split(",")],
+                    help="one closed burst instead of the sweep (the probes' saturation: 256,128,256)")  # fmt: skip
     args = ap.parse_args()
+    if args.burst is not None and len(args.burst) != 3:
+        ap.error("--burst takes N,PROMPT,OUT")
     if args.compare:
         compare(args.compare)
+    elif args.burst:
+        asyncio.run(burst(args))
     else:
         asyncio.run(main_async(args))
 
