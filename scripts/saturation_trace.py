@@ -167,13 +167,17 @@ def _write(path: str, doc: dict[str, Any]) -> None:
 
 def compare(paths: list[str]) -> None:
     docs = [json.load(open(p)) for p in paths]
-    print("rate | " + " | ".join(f"{p}: TTFT p50/p99, e2e p50, preempt, waiting max" for p in paths))
+    head = "TTFT p50/p99, e2e p50, decode ms/token p50, preempt, waiting max, running max, KV max"
+    print("rate | " + " | ".join(f"{p}: {head}" for p in paths))
     for i, run in enumerate(docs[0]["runs"]):
         cells = []
         for d in docs:
             s = d["runs"][i]["summary"]
+            per_token = quantiles((r["e2e_s"] - r["ttft_s"]) * 1000 / (r["max_tokens"] - 1)
+                                  for r in d["runs"][i]["requests"] if "e2e_s" in r and "ttft_s" in r)  # fmt: skip
             cells.append(f"{s['ttft_ms']['p50']}/{s['ttft_ms']['p99']} ms, {s['e2e_ms']['p50']} ms, "
-                         f"{s['preemptions']}, {s['waiting_max']} (err {s['errors']})")  # fmt: skip
+                         f"{per_token['p50']} ms, {s['preemptions']}, {s['waiting_max']}, {s['running_max']}, "
+                         f"{s['kv_max']:.2f} (err {s['errors']})")  # fmt: skip
         print(f"{run['rate']} | " + " | ".join(cells))
 
 
