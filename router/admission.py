@@ -371,13 +371,14 @@ class AdmissionController:
         except NoHealthyWorker:
             return 1.0
         own, best = reserved_tokens(f, first.predicted.get("output_tokens")), math.inf
-        limit = self.options.kv_full_ratio * self._share(f.priority)
+        share_p, adaptive = self._share(f.priority), self.adaptive
         # the queued requests that go first (more urgent now, for one of its models) need their room too: their
         # tokens come on top of this one's, spread over the workers that could take them
         ahead = self.queue.tokens_ahead(f, self.clock()) / max(1, len(eligible.backends))
         for v in eligible.backends:
             load = v.inflight_tokens + self._held.get(v.name, (0, 0))[1]
-            room = max(1.0, limit * v.kv_budget_tokens)
+            ratio = self.options.kv_full_ratio if adaptive is None else adaptive.current(v.name)  # what _room binds
+            room = max(1.0, share_p * ratio * v.kv_budget_tokens)
             excess = load + own - room
             # the share of a holding period to wait: what must free of the load now (an idle worker takes any
             # request, so at most all of it), then one more period per worker's worth of the queue ahead

@@ -73,6 +73,11 @@ class AdaptiveLimits:
                 self.moved(v.name, w.ratio)
         return w.ratio
 
+    def current(self, name: str) -> float:
+        """``name``'s ratio as it stands (``start`` before its first step); moves nothing."""
+        w = self.workers.get(name)
+        return self.start if w is None else w.ratio
+
     def _step(self, w: WorkerLimit, v: BackendView, need: int) -> None:
         kv, ttft = v.kv_usage, v.ttft_ewma_s
         if ttft is not None and ttft > 0:

@@ -4,6 +4,7 @@ aging, deadlines, disconnects, reject, degrade, headroom."""
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import pytest
@@ -297,3 +298,30 @@ async def test_retry_after_counts_the_queue_that_goes_first() -> None:
         t.cancel()
     await asyncio.gather(*queued, return_exceptions=True)
     await rig.ctl.close()
+
+
+async def test_retry_after_prices_the_adaptive_ratio_that_refused() -> None:
+    """With adaptive admission a rejected request's Retry-After is priced against the worker's own ratio, the one
+    that refused it, not ``kv_full_ratio``: a worker whose ratio was cut to half has half the room, so the same
+    queue ahead takes about twice as long to drain (priced at 0.8 it said the same wait as an uncut worker)."""
+    from router.concurrency import WorkerLimit
+
+    waits = {}
+    for ratio in (None, 0.4):  # None: the ratio as it starts, kv_full_ratio
+        rig = Rig(config(adaptive=True))
+        assert rig.ctl.adaptive is not None
+        if ratio is not None:
+            for name in ("w-big", "w-small"):  # held where it is: never stepped during the test
+                rig.ctl.adaptive.workers[name] = WorkerLimit(ratio, updated_at=math.inf)
+        await rig.fill("w-big"), await rig.fill("w-small")
+        queued = [asyncio.create_task(rig.ctl.admit(rig.call("ui", max_tokens=500))) for _ in range(6)]
+        await asyncio.sleep(0.05)
+        assert len(rig.ctl.queue) == 6
+        with pytest.raises(Overloaded) as err:
+            await rig.ctl.admit(rig.call("crawler"))
+        waits[ratio] = int(err.value.headers()["Retry-After"])
+        for t in queued:
+            t.cancel()
+        await asyncio.gather(*queued, return_exceptions=True)
+        await rig.ctl.close()
+    assert waits[0.4] >= 1.6 * waits[None] and waits[None] >= 8, waits
