@@ -371,21 +371,21 @@ class AdmissionController:
         except NoHealthyWorker:
             return 1.0
         own, best = reserved_tokens(f, first.predicted.get("output_tokens")), math.inf
-        share_p, adaptive = self._share(f.priority), self.adaptive
+        share = self._share(f.priority)
         # the queued requests that go first (more urgent now, for one of its models) need their room too: their
         # tokens come on top of this one's, spread over the workers that could take them
         ahead = self.queue.tokens_ahead(f, self.clock()) / max(1, len(eligible.backends))
         for v in eligible.backends:
             load = v.inflight_tokens + self._held.get(v.name, (0, 0))[1]
-            ratio = self.options.kv_full_ratio if adaptive is None else adaptive.current(v.name)  # what _room binds
-            room = max(1.0, share_p * ratio * v.kv_budget_tokens)
+            ratio = self.options.kv_full_ratio if self.adaptive is None else self.adaptive.current(v.name)  # as _room
+            room = max(1.0, share * ratio * v.kv_budget_tokens)
             excess = load + own - room
             # the share of a holding period to wait: what must free of the load now (an idle worker takes any
             # request, so at most all of it), then one more period per worker's worth of the queue ahead
-            share = (0.0 if excess <= 0 else min(1.0, excess / max(1, load))) + ahead / room
+            periods = (0.0 if excess <= 0 else min(1.0, excess / max(1, load))) + ahead / room
             if self.options.max_waiting is not None and (v.waiting or 0) > self.options.max_waiting:
-                share = max(share, 1.0 / max(1, v.running or 1))
-            best = min(best, share * self._occupancy_s(v, f, first))
+                periods = max(periods, 1.0 / max(1, v.running or 1))
+            best = min(best, periods * self._occupancy_s(v, f, first))
         return min(MAX_RETRY_AFTER_S, max(1.0, best if math.isfinite(best) else 1.0))
 
     def _occupancy_s(self, v: BackendView, f: RequestFeatures, first: Decision) -> float:
