@@ -57,10 +57,10 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+import router.state.redis_lua as redis_lua
 from router.core.config import BackendConfig, HealthConfig
 from router.core.stateurl import RedisOptions
 from router.core.types import FleetSnapshot
-from router.state import redis_lua
 from router.state.base import Feedback, ReplicaLoad, Reservation, ScrapedMetrics, StateStats
 from router.state.buckets import TokenBuckets
 from router.state.table import FleetTable
