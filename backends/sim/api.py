@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from backends.sim.errors import json_object
 from backends.sim.textgen import VOCAB, WORDS_TOKENIZER, Tokenizer, chat_text
 from backends.sim.tools import Structure, parse_chat, tools_prompt
@@ -199,13 +201,21 @@ def _too_long(max_model_len: int, prompt_len: int, max_tokens: int, chat: bool) 
     )
 
 
+_INT = TypeAdapter(int)  # vLLM's integer fields
+
+
 def _opt_int(obj: dict[str, Any], key: str, default: int | None, prefix: str = "") -> int | None:
+    """An integer field as vLLM's request models (pydantic, lax mode) read it: ``4.0`` and ``"4"`` are 4,
+    ``4.5`` is a 400."""
     value = obj.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SimApiError(400, f"'{prefix}{key}' must be an integer", prefix + key)
-    return value
+    if type(value) is int:
+        return value
+    try:
+        return _INT.validate_python(value)
+    except ValidationError as exc:
+        raise SimApiError(400, f"'{prefix}{key}': {exc.errors()[0]['msg']}", prefix + key) from None
 
 
 def _bool(obj: dict[str, Any], key: str) -> bool:

@@ -235,6 +235,12 @@ def test_defaults_and_ids_as_vllm_reads_them(sim_server: SimServer, sim_profile:
                      json={"model": "sim-test", "max_tokens": 2, "stream": True,
                            "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
     assert odd.status_code == 200 and 'a"b' not in odd.text  # an id unfit for JSON is replaced, not spliced in
+    chat = {"model": "sim-test", "messages": [{"role": "user", "content": "hi"}], "sim": {"output_tokens": 100}}
+    integral = httpx.post(f"{srv.url}/v1/chat/completions", json={**chat, "max_tokens": 4.0, "seed": "7"})
+    assert integral.status_code == 200 and integral.json()["usage"]["completion_tokens"] == 4  # pydantic's lax ints
+    fraction = httpx.post(f"{srv.url}/v1/chat/completions", json={**chat, "max_tokens": 4.5})
+    assert fraction.status_code == 400 and fraction.json()["error"]["param"] == "max_tokens"
+    assert "fractional part" in fraction.json()["error"]["message"]
 
 
 def test_several_answers_n_and_a_batch_of_prompts(sim_server: SimServer, sim_profile: Profile) -> None:
