@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -51,12 +52,16 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.args, self.conf, self.client = args, conf, client or {}
         self.proc: subprocess.Popen[bytes] | None = None
+        self.dir: str | None = None  # its working folder, kept across a restart
 
     def start(self) -> RedisServer:
         exe = shutil.which("redis-server") or pytest.skip("redis-server is not installed")
         head = [exe] if self.conf is None else [exe, self.conf]
+        # its own folder: a replica writes the snapshot its master sends (dump.rdb) where it runs
+        self.dir = self.dir or tempfile.mkdtemp(prefix="redis-")
         self.proc = subprocess.Popen(
-            [*head, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *self.args],
+            [*head, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir, *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 5
@@ -79,9 +84,16 @@ class RedisServer:
             self.proc.wait()
         self.proc = None
 
+    def remove(self) -> None:
+        """Stop it and delete its folder."""
+        self.stop()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
 
 @pytest.fixture
 def private_redis() -> Iterator[RedisServer]:
     srv = RedisServer().start()
     yield srv
-    srv.stop()
+    srv.remove()

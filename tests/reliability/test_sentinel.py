@@ -50,7 +50,7 @@ class SentinelSet:
 
     def stop(self) -> None:
         for srv in self.servers:
-            srv.stop()
+            srv.remove()
 
 
 def _wait(cond: object, within: float = 15.0) -> None:
@@ -172,7 +172,7 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[RedisServer, Path]]:
     srv.args = ("--port", "0", "--tls-port", str(srv.port), "--tls-cert-file", str(chain), "--tls-key-file", str(key),
                 "--tls-ca-cert-file", str(ca_file), "--tls-auth-clients", "no")  # fmt: skip
     yield srv.start(), ca_file
-    srv.stop()
+    srv.remove()
 
 
 async def test_rediss_state_talks_tls_and_checks_the_certificate(
