@@ -15,7 +15,9 @@
 
 What each is given beyond that (written to the run's ``logs/`` too, for a rerun by hand): its policy with its
 own defaults for every tunable, ``--log-level error`` (no line per request), the metrics port on a free port,
-and for the Rust routers the worker start-up check every second instead of 30 s; LiteLLM a master key (it
+and for the Rust routers the worker start-up check every second instead of 30 s (and, for a model with a single
+worker, ``round_robin`` in place of ``power_of_two``, which they refuse over fewer than two: the bench says so
+and the run's ``logs/peer-<tag>.json`` records it under ``fallbacks``); LiteLLM a master key (it
 refuses to start without one), the local cost map (no download at start-up), no retries and no cool-downs (a
 worker is never taken out of the group; chimera's bench has no failures to retry) and one process.
 """
@@ -120,6 +122,16 @@ def first_model(cfg: Config, models: tuple[str, ...]) -> str:
     raise ConfigError(f"no backend serves any of {', '.join(models)}", key="agents[].models")
 
 
+MIN_WORKERS = {"power_of_two": 2}  # the Rust routers refuse to start this policy over fewer workers
+FALLBACK = "round_robin"  # what a router over too few workers runs instead (over one worker, any policy is the same)
+
+
+def model_policy(kind: PeerKind, policy: str, workers: int) -> str:
+    """The policy a per-model router runs over ``workers`` workers: ``policy``, or ``FALLBACK`` where the router
+    refuses ``policy`` over so few ("Power-of-two policy requires at least 2 workers")."""
+    return FALLBACK if kind.per_model and workers < MIN_WORKERS.get(policy, 1) else policy
+
+
 def rust_command(kind: PeerKind, policy: str, port: int, workers: list[str]) -> list[str]:
     """vLLM Router's or SGLang's router over ``workers`` (same flags: SGLang's router is its ancestor)."""
     cmd = [sys.executable, "-m", f"{kind.module}.launch_router", "--host", "127.0.0.1", "--port", str(port),
@@ -168,11 +180,18 @@ def running(spec: str, cfg: Config, logs: Path, tag: str, cpu: int | None = None
     commands: list[list[str]] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
+        fallbacks: dict[str, str] = {}
         if kind.per_model:
             for model in dict.fromkeys(first_model(cfg, a.models) for a in cfg.agents):
                 port = free_port()
                 workers = [b.url.rstrip("/") for b in cfg.backends if b.model == model]
-                commands.append(rust_command(kind, policy, port, workers))
+                used = model_policy(kind, policy, len(workers))
+                if used != policy:
+                    fallbacks[model] = used
+                    print(f"{kind.name} {policy} needs {MIN_WORKERS[policy]} workers and {model} has {len(workers)}: "
+                          f"its router runs {used} (every request to its one worker, whatever the policy)",
+                          file=sys.stderr)  # fmt: skip
+                commands.append(rust_command(kind, used, port, workers))
                 fronts[model] = f"http://127.0.0.1:{port}"
         else:
             conf = logs / f"litellm-{tag}.json"  # YAML is a superset of JSON: the proxy reads it as its config
@@ -181,7 +200,8 @@ def running(spec: str, cfg: Config, logs: Path, tag: str, cpu: int | None = None
             commands.append(litellm_command(conf, port))
             fronts[""] = f"http://127.0.0.1:{port}"
             env.update(LITELLM_ENV)
-        (logs / f"peer-{tag}.json").write_text(json.dumps({"peer": spec, "commands": commands}, indent=1) + "\n")
+        said = {"peer": spec, "commands": commands, **({"fallbacks": fallbacks} if fallbacks else {})}
+        (logs / f"peer-{tag}.json").write_text(json.dumps(said, indent=1) + "\n")
         for cmd, url in zip(commands, fronts.values(), strict=True):
             log = logs / f"peer-{tag}-{len(procs)}.log"
             procs.append((gateway_proc.start(cmd, log, cpu, env), url, log))

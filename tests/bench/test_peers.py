@@ -67,10 +67,10 @@ def test_each_peer_gets_the_fleet_as_its_users_deploy_it(tmp_path: Path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_peers_run_the_same_workload_beside_chimera(tmp_path: Path):
+def test_the_peers_run_the_same_workload_beside_chimera(tmp_path: Path, capfd: pytest.CaptureFixture[str]):
     spec = BenchSpec(
         config_path=str(two_small_one_large(tmp_path)), workload="mixed",
-        policies=("round_robin", "vllm-router:round_robin", "sglang-router:cache_aware", "litellm:simple-shuffle"),
+        policies=("round_robin", "vllm-router:power_of_two", "sglang-router:cache_aware", "litellm:simple-shuffle"),
         rates=(3.0,), users=None, duration_s=2.0, warmup_s=0.0, seeds=(1,), out=str(tmp_path / "out"),
         speedup=25.0, drain_s=30.0, plots=False, clients=2,  # (a peer's routes go to each client process)
     )  # fmt: skip
@@ -80,16 +80,30 @@ def test_the_peers_run_the_same_workload_beside_chimera(tmp_path: Path):
     for name, e in entries.items():
         assert e["requests"] > 0 and e["errors"] == 0, name
         assert e["workflows"] > 0 and e["task_success"] is not None, name
-    for name in ("vllm-router:round_robin", "sglang-router:cache_aware"):  # the agent's first model only
+    for name in ("vllm-router:power_of_two", "sglang-router:cache_aware"):  # the agent's first model only
         by_agent = entries[name]["by_agent"]
         assert by_agent["coder"]["model_share"] == {"qwen2.5-7b": 1.0}, name
         assert by_agent["tester"]["model_share"] == {"qwen2.5-1.5b": 1.0}, name
-    rr = entries["vllm-router:round_robin"]["worker_counters"]  # both 1.5B workers served
-    assert rr["small-0"]["prefix_cache_queries"] > 0 and rr["small-1"]["prefix_cache_queries"] > 0
+    p2c = entries["vllm-router:power_of_two"]["worker_counters"]  # both 1.5B workers served
+    assert p2c["small-0"]["prefix_cache_queries"] > 0 and p2c["small-1"]["prefix_cache_queries"] > 0
     shares = entries["litellm:simple-shuffle"]["model_share"]  # the group spans both models
     assert set(shares) == {"qwen2.5-1.5b", "qwen2.5-7b"}
-    logged = json.loads(next((tmp_path / "out" / "logs").glob("peer-vllm-router-round_robin-*.json")).read_text())
+    logged = json.loads(next((tmp_path / "out" / "logs").glob("peer-vllm-router-power_of_two-*.json")).read_text())
     assert len(logged["commands"]) == 2 and "--worker-urls" in logged["commands"][0]  # a router per model
+    # the 7B's one worker: vLLM Router refuses power_of_two over it, so its router runs round_robin, and says so
+    assert logged["fallbacks"] == {"qwen2.5-7b": "round_robin"}
+    assert [c[c.index("--policy") + 1] for c in logged["commands"]] == ["power_of_two", "round_robin"]
+    assert "vllm-router power_of_two needs 2 workers and qwen2.5-7b has 1: its router runs round_robin" in (
+        capfd.readouterr().err)
+
+
+def test_a_policy_a_router_refuses_over_one_worker_falls_back():
+    vllm, sglang, lite = (peers.PEERS[n] for n in ("vllm-router", "sglang-router", "litellm"))
+    assert peers.model_policy(vllm, "power_of_two", 1) == "round_robin"
+    assert peers.model_policy(sglang, "power_of_two", 1) == "round_robin"
+    assert peers.model_policy(vllm, "power_of_two", 2) == "power_of_two"
+    assert peers.model_policy(vllm, "cache_aware", 1) == "cache_aware"
+    assert peers.model_policy(lite, "least-busy", 1) == "least-busy"
 
 
 def test_the_bench_cli_says_a_wrong_peer_in_one_line(tmp_path: Path):
