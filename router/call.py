@@ -28,6 +28,8 @@ class ProxyCall:
     predicted_timing: tuple[str, float | None, float | None] | None = None
     sent_at: float = 0.0  # perf_counter() when the current attempt was sent to its worker
     degraded: str | None = None  # what admission control degraded (X-Chimera-Degraded), e.g. "max_tokens=256"
+    # why the policy's first choice was chosen (router.proxy.explain), sent with its answer
+    why: tuple[str, dict[str, str]] | None = None
     _bodies: dict[str, bytes] = field(default_factory=dict)
 
     def set_payload(self, payload: dict[str, Any]) -> None:

@@ -86,6 +86,8 @@ class ProxyResponse:
         else:
             decision, eligible = choose(gw.state, gw.policy, call.features)
         rec.policy, rec.reason = gw.policy_name, decision.reason
+        if decision.ranked:
+            call.why = decision.ranked[0], explain(decision)
         rec.predicted = dict(decision.predicted) or None
         p = decision.predicted
         call.predicted_output = p.get("output_tokens")
@@ -156,6 +158,9 @@ class ProxyResponse:
         h["x-chimera-attempts"] = str(self.call.record.attempts)
         if self.call.degraded:
             h["x-chimera-degraded"] = self.call.degraded
+        why = self.call.why
+        if why is not None and why[0] == backend:  # a retry's worker was not chosen for these reasons
+            h.update(why[1])
         return h
 
     async def _send_whole(self, opened: WorkerResponse, send: Send) -> None:
@@ -242,6 +247,29 @@ class ProxyResponse:
         first = rec.ttft_s if rec.ttft_s is not None and rec.e2e_s is not None and rec.ttft_s < rec.e2e_s else None
         ttft = None if first is None else first - (call.sent_at - rec.started)
         return Feedback(ttft, timing[1], rec.tpot_s, timing[2])
+
+
+def explain(decision: Decision) -> dict[str, str]:
+    """Why the policy ranked its first choice first, as response headers a person can read (docs/http-api.md):
+    the policy's reason, the runner-up and, where the policy predicted them, the first choice's e2e and chance of
+    a good answer beside the runner-up's, and how much dearer the runner-up's expected cost was."""
+    why = {"x-chimera-reason": decision.reason}
+    if len(decision.ranked) > 1:
+        why["x-chimera-runner-up"] = decision.ranked[1]
+    p = decision.predicted
+    for key, header, fmt in _EXPLAINED:
+        if (value := p.get(key)) is not None:
+            why[header] = fmt.format(value)
+    return why
+
+
+_EXPLAINED = (  # Decision.predicted's keys shown in the answer's headers
+    ("e2e_ms", "x-chimera-predicted-e2e-ms", "{:.0f}"),
+    ("quality", "x-chimera-predicted-quality", "{:.2f}"),
+    ("runner_up_e2e_ms", "x-chimera-runner-up-e2e-ms", "{:.0f}"),
+    ("runner_up_quality", "x-chimera-runner-up-quality", "{:.2f}"),
+    ("cost_gap", "x-chimera-runner-up-dearer", "{:+.1%}"),
+)
 
 
 def _unfinished(backend: str, cutter: SSECutter) -> WorkerProtocolError:

@@ -113,7 +113,8 @@ def rank(
     miss_ms: float | None = None,
 ) -> tuple[list[int], str, float | None]:
     """Candidate indices, best first, why the first was chosen, and (under the expected-cost rule, with two or
-    more candidates meeting the SLA) how much dearer the second least expected cost is than the least.
+    more candidates meeting the SLA) how much dearer the runner-up's expected cost is than the first's (negative
+    where a near tie was drawn for the dearer one).
 
     Among the candidates predicted to meet the SLA and ``min_quality`` (all, without an SLA):
     ``wrong_ms`` > 0 — the least expected cost ``e2e p50 + (1 - quality) x wrong_ms`` (what a wrong
@@ -170,7 +171,8 @@ def rank(
         if spread > 0.0 and len(order) > 1:
             order = spread_near_ties(order, costs, spread, u)
         why = "fastest" if order[0] == fastest else "quality"
-        gap = costs[1] / costs[0] - 1.0 if len(costs) > 1 and costs[0] > 0.0 else None
+        first = cost[order[0]]
+        gap = cost[order[1]] / first - 1.0 if len(order) > 1 and first > 0.0 else None
         return [*order, *rest_bad], why, gap
     limit = slack * e2e90[fastest]
     best = min((i for i in ok if e2e90[i] <= limit), key=lambda i: (-quality[i], e2e90[i]))
@@ -263,8 +265,12 @@ def make_predictive(
             predicted[TTFT_STRETCH], predicted[DECODE_STRETCH] = sharing.ttft[i], sharing.decode[i]
         if extra is not None and extra[i]:
             predicted["gpu_neighbours_ms"] = extra[i]
-        if gap is not None:  # a near tie (within spread_margin) was split; the request log shows how near
-            predicted["cost_gap"] = gap
+        if len(order) > 1:  # the runner-up (the first fallback) and, under the expected cost, how much dearer
+            j = order[1]
+            predicted["runner_up_e2e_ms"] = float(p.e2e[j, 0]) * 1e3
+            predicted["runner_up_quality"] = float(p.quality[j])
+            if gap is not None:
+                predicted["cost_gap"] = gap
         if feedback:  # the estimator's own TTFT and decode time per token, which the worker's timings correct
             ttft_raw, e2e_raw = float(raw.ttft[i, 0]), float(raw.e2e[i, 0])
             tpot_raw = (e2e_raw - ttft_raw) / (out - 1.0) if out > 1.5 and e2e_raw > ttft_raw else float(raw.tpot[i, 0])

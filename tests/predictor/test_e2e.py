@@ -43,6 +43,8 @@ def test_predictive_gateway_routes_logs_predictions_and_takes_feedback(
                 extra_headers={"x-workflow-id": "wf-1", "x-workflow-stage": str(stage)},
             )  # fmt: skip
             assert raw.headers["x-chimera-policy"] == "predictive"
+            assert raw.headers["x-chimera-reason"] == "predictive:slack"  # Chimera's rule: no expected cost to compare
+            assert raw.headers["x-chimera-runner-up"] == "small" and "x-chimera-runner-up-dearer" not in raw.headers
             backends.append(raw.headers["x-chimera-backend"])
             ids.append(raw.headers["x-request-id"])
             messages = [*messages, {"role": "assistant", "content": raw.parse().choices[0].message.content or ""}]
@@ -68,6 +70,51 @@ def test_predictive_gateway_routes_logs_predictions_and_takes_feedback(
     ).items()
     metrics = httpx.get(gw.url + "/metrics").text
     assert 'chimera_prediction_error_ratio_count{target="e2e"} 3.0' in metrics
+
+
+def test_every_routed_answer_says_why(sim_server: Start, gateway_server: Start, tmp_path: Path) -> None:
+    """The answer's headers carry the figures the decision was made with, as the request log keeps them: the
+    chosen worker's predicted e2e and quality, the runner-up's, and how much dearer its expected cost was."""
+    small = sim_server(model="qwen2.5-0.5b", profile="h200-qwen2.5-0.5b")
+    big = sim_server(model="qwen2.5-14b", profile="h200-qwen2.5-14b")
+    log = tmp_path / "requests.jsonl"
+    backends = [{"name": "small", "url": small.url, "model": "qwen2.5-0.5b"},
+                {"name": "big", "url": big.url, "model": "qwen2.5-14b"}]  # fmt: skip
+    agents = [{"name": "chat", "models": ["qwen2.5-0.5b", "qwen2.5-14b"], "sla": {"e2e_ms": 60000}}]
+    gw = gateway_server(make_config(backends, agents, policy="predictive", default_agent="chat", request_log=str(log),
+                                    policy_options={"wrong_answer_s": 4.0, "spread_margin": 0.0}))  # fmt: skip
+    plain = gateway_server(make_config(backends, agents, policy="least_outstanding", default_agent="chat"))
+    body = {"model": "auto", "messages": [{"role": "user", "content": "what is 2 + 2?"}], "max_tokens": 16}
+    said = []
+    for n in range(4):
+        r = httpx.post(gw.url + "/v1/chat/completions", json={**body, "stream": n % 2 == 1})
+        assert r.status_code == 200
+        said.append(r.headers)
+    for h in said:
+        chosen = h["x-chimera-backend"]
+        assert h["x-chimera-reason"] in ("predictive:fastest", "predictive:quality")
+        assert h["x-chimera-runner-up"] == ({"small", "big"} - {chosen}).pop()
+        e2e, runner_up = float(h["x-chimera-predicted-e2e-ms"]), float(h["x-chimera-runner-up-e2e-ms"])
+        quality, runner_up_quality = float(h["x-chimera-predicted-quality"]), float(h["x-chimera-runner-up-quality"])
+        assert 0 < e2e < 60000 and 0 < runner_up < 60000 and 0 < quality < 1 and 0 < runner_up_quality < 1
+        assert (runner_up_quality > quality) == (chosen == "small")  # the 14B: the better answer, in more time
+        dearer = float(h["x-chimera-runner-up-dearer"].rstrip("%")) / 100
+        # with no spread the first choice has the least expected cost e2e + (1 - quality) x wrong_answer_s
+        assert dearer >= 0
+        cost = e2e + (1 - quality) * 4000
+        assert dearer == pytest.approx((runner_up + (1 - runner_up_quality) * 4000) / cost - 1, abs=0.002)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and log.read_text().count("\n") < 4:
+        time.sleep(0.05)
+    logged = {json.loads(line)["request_id"]: json.loads(line)["predicted"] for line in log.read_text().splitlines()}
+    for h in said:
+        p = logged[h["x-request-id"]]
+        assert h["x-chimera-predicted-e2e-ms"] == f"{p['e2e_ms']:.0f}"
+        assert h["x-chimera-runner-up-dearer"] == f"{p['cost_gap']:+.1%}"
+    r = httpx.post(plain.url + "/v1/chat/completions", json=body)
+    assert r.headers["x-chimera-reason"] == "least_outstanding"
+    assert r.headers["x-chimera-runner-up"] == ({"small", "big"} - {r.headers["x-chimera-backend"]}).pop()
+    assert not any(k.startswith("x-chimera-predicted") for k in r.headers)  # no predictor: no predictions
 
 
 def test_replicas_on_redis_share_the_prefix_index(
