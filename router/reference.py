@@ -9,6 +9,7 @@ cannot drift from the code: ``tests/test_reference.py`` fails when it does.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -18,6 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from router.core import config as c
+from router.core.stateurl import STATE_KEYS, RedisOptions
 from router.policies import available
 
 #: The sections in the order a config file has them: (heading, YAML path, model).
@@ -65,7 +67,31 @@ def render() -> str:
         out.append("| --- | --- | --- | --- |")
         out.extend(_rows(model))
         out.append("")
+        if model is c.GatewayConfig:
+            out += [STATE_URL, "| key | type | default | what it does |", "| --- | --- | --- | --- |"]
+            out.extend(_state_rows())
+            out.append("")
     return "\n".join(out)
+
+
+STATE_URL = """\
+## `gateway.state` URL keys
+
+A Redis state URL (`redis://`, `rediss://`, `unix://`, `redis+sentinel://`, `rediss+sentinel://`) takes these
+query keys of the gateway's own, e.g. `redis://redis:6379/0?prefix=prod&lease_ttl_s=5`. Every other query key goes
+to redis-py's connection as it reads it (`socket_timeout`, `socket_connect_timeout`, `health_check_interval`,
+`ssl_cert_reqs`, `ssl_ca_certs`, ...); a key neither knows is refused at load.
+"""
+
+
+def _state_rows() -> Iterator[str]:
+    defaults = {f.name: f.default for f in dataclasses.fields(RedisOptions)}
+    for key, (field, kind, text) in STATE_KEYS.items():
+        default = defaults[field]
+        shown = "none" if default is None else f"`{default}`"
+        if key == "replica":
+            shown = "host-pid-random"
+        yield f"| `{key}` | {'number (> 0)' if kind is float else 'string'} | {shown} | {_cell(text)} |"
 
 
 def _rows(model: type[BaseModel]) -> Iterator[str]:

@@ -32,14 +32,23 @@ SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 SENTINEL_PORT = 26379
 
 
-_KEYS: dict[str, tuple[str, type[str] | type[float]]] = {
-    "prefix": ("prefix", str),
-    "replica": ("replica_id", str),
-    "lease_ttl_s": ("lease_ttl_s", float),
-    "sync_interval_s": ("sync_interval_s", float),
-    "op_timeout_s": ("op_timeout_s", float),
-    "sentinel_password": ("sentinel_password", str),
-}
+#: The state URL's own query keys: the RedisOptions field each sets, its type, and what it does (the configuration
+#: reference's table, router/reference.py). Every other query key is redis-py's.
+STATE_KEYS: dict[str, tuple[str, type[str] | type[float], str]] = {
+    "prefix": ("prefix", str, "Key prefix in Redis: the gateway replicas that share one fleet view name the same "
+                              "one; another prefix is another fleet on the same Redis."),
+    "replica": ("replica_id", str, "This replica's id in the shared state (default: host-pid-random, new at every "
+                                   "start)."),
+    "lease_ttl_s": ("lease_ttl_s", float, "Seconds after which a replica that stopped heartbeating loses its "
+                                          "reservations (a crashed replica's load expires)."),
+    "sync_interval_s": ("sync_interval_s", float, "Seconds between a replica's heartbeat and refresh of its "
+                                                  "local view of the fleet."),
+    "op_timeout_s": ("op_timeout_s", float, "The longest a Redis round trip may hold a request, in seconds; past it "
+                                            "the state serves on its local view (degraded) until Redis answers."),
+    "sentinel_password": ("sentinel_password", str, "`redis+sentinel://` only: the Sentinels' own password (the "
+                                                    "URL's user and password are the master's)."),
+}  # fmt: skip
+_KEYS = {k: (field, kind) for k, (field, kind, _) in STATE_KEYS.items()}
 
 
 def redis_options(url: str) -> RedisOptions:
