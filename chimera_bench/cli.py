@@ -91,6 +91,11 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         "given); overhead only: floor, the server and client chimera is built on with nothing of its own",
     )  # fmt: skip
     b.add_argument(
+        "--gateway", metavar="URL",
+        help="drive a gateway that is already running (`chimera serve --config` of the same config: its workers, "
+        "its policy) instead of starting the config's sims and a gateway per policy; watch it with `chimera top`",
+    )  # fmt: skip
+    b.add_argument(
         "--costs", type=_csv(float, "numbers"), metavar="W1,W2,...",
         help="sweep the predictive policy's gateway.policy_options.wrong_answer_s (modelled seconds; 0: the slack "
         "rule): predictive runs once per cost, as row predictive_w<cost>, the other --policies once; also writes "
@@ -176,6 +181,13 @@ def _check(args: argparse.Namespace) -> None:
     if args.stream is not None and args.workload != "overhead":
         raise ConfigError("only the overhead workload's requests are set here (the others stream, as agents do)",
                           key="--stream")  # fmt: skip
+    if getattr(args, "gateway", None) is not None:
+        for key, given in (("--peers", args.peers), ("--costs", args.costs), ("--unseen", args.unseen),
+                           ("--speedup", args.speedup is not None), ("--replicas", args.replicas != 1),
+                           ("--workload overhead", args.workload == "overhead")):  # fmt: skip
+            if given:
+                raise ConfigError("drives the gateway and workers that run there: it starts none of its own",
+                                  key=f"{key} with --gateway")  # fmt: skip
     if args.workload == "overhead" and args.clients != 1:
         raise ConfigError("the overhead workload has a client of its own (one process)", key="--clients")
 
@@ -204,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         config_path=args.config, workload=args.workload, policies=(*policies, *args.peers), rates=tuple(args.rate),
         users=args.users, duration_s=args.duration, warmup_s=args.warmup, seeds=seeds, out=args.out,
         speedup=args.speedup, drain_s=args.drain, plots=not args.no_plots, replicas=args.replicas,
-        clients=args.clients, unseen=args.unseen,
+        clients=args.clients, unseen=args.unseen, gateway=args.gateway,
     )  # fmt: skip
     try:
         if args.costs:

@@ -52,6 +52,7 @@ class BenchSpec:
     replicas: int = 1  # gateway processes sharing one port and the config's Redis state
     clients: int = 1  # load-client processes (the workflows split among them)
     unseen: bool = False  # the gateway gets no sim profile, speedup or quality (gateway_proc.unseen)
+    gateway: str | None = None  # a running gateway to drive (its workers and policy) instead of starting one
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -77,10 +78,30 @@ def validate(spec: BenchSpec) -> Config:
                           key="agents")  # fmt: skip
     if spec.users is None and not spec.rates:
         raise ConfigError("give --rate R[,R...] or --users N", key="--rate")
+    if spec.gateway is not None:
+        check_running(spec, cfg)
     if spec.replicas > 1 and not cfg.gateway.state.startswith(("redis://", "rediss://")):
         raise ConfigError(f"--replicas {spec.replicas} needs gateway.state: redis://... (replicas share the fleet "
                           "state through Redis)", key="--replicas")  # fmt: skip
     return cfg
+
+
+def check_running(spec: BenchSpec, cfg: Config) -> None:
+    """``--gateway URL``: a chimera gateway answers there, with the one policy the runs name."""
+    import httpx
+
+    admin, url = cfg.gateway.admin_key, str(spec.gateway).rstrip("/")
+    try:
+        r = httpx.get(url + "/fleet", timeout=5.0,
+                      headers={"authorization": f"Bearer {admin}"} if admin else None)  # fmt: skip
+        policy = r.json().get("policy") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        policy = None
+    if policy is None:
+        raise ConfigError(f"no chimera gateway answers /fleet at {spec.gateway}", key="--gateway")
+    if spec.policies != (policy,):
+        raise ConfigError(f"the gateway at {spec.gateway} routes with {policy}: give --policies {policy} or none",
+                          key="--policies")  # fmt: skip
 
 
 def replica_state(state: str, tag: str) -> str:
@@ -140,13 +161,15 @@ def run_one(
 ) -> tuple[dict[str, Any], dict[str, list[float]]]:  # fmt: skip
     tag = f"{policy.replace(':', '-')}-{kind}{load:g}-s{seed}"
     # The bench starts the sims itself, so each gets a free port: a config's fixed ports may be taken
-    # by anyone else on a shared machine.
-    urls = {b.name: f"http://127.0.0.1:{free_port()}" for b in cfg.backends if b.sim is not None}
+    # by anyone else on a shared machine. A running gateway (--gateway) has its workers where the config says.
+    urls = {b.name: f"http://127.0.0.1:{free_port()}"
+            for b in cfg.backends if b.sim is not None and spec.gateway is None}  # fmt: skip
     fleet_cfg = gateway_proc.with_overrides(cfg, speedup=spec.speedup, urls=urls)
     horizon = spec.warmup_s + spec.duration_s
     drain = spec.drain_s if spec.drain_s is not None else max(30.0, horizon)
     log = bc.RunLog()
-    with running_sims(fleet_cfg.backends), _front(spec, cfg, fleet_cfg, policy, urls, tag) as (url, routes):
+    sims = running_sims(fleet_cfg.backends) if spec.gateway is None else contextlib.nullcontext()
+    with sims, _front(spec, cfg, fleet_cfg, policy, urls, tag) as (url, routes):
         task = progress.add_task(label, total=horizon)
         counters = asyncio.run(
             _drive(
@@ -167,8 +190,8 @@ def run_one(
         "file": spec.config_path, "workload": spec.workload, "policy": policy, kind: load, "seed": seed,
         "duration_s": spec.duration_s, "warmup_s": spec.warmup_s, "drain_s": drain, "speedup": speedup,
         "sla_scale": round(1.0 / speedup, 4), "clock": "wall-clock latencies and rates (see speedup)",
-        "unseen": spec.unseen, "gateway_replicas": spec.replicas, "client_processes": spec.clients,
-        "client_pools": _pools(spec),
+        "unseen": spec.unseen, "gateway": spec.gateway, "gateway_replicas": spec.replicas,
+        "client_processes": spec.clients, "client_pools": _pools(spec),
         "backends": [{"name": b.name, "model": b.model, "kv_budget_tokens": b.kv_budget_tokens,
                       "tags": list(b.tags), **({"sim": b.sim.model_dump(),
                                                 "profile_sha256": _profile_digest(b.sim.profile)} if b.sim else {})}
@@ -185,6 +208,9 @@ def _front(
     """What the load goes through for one row: a peer router (``NAME:POLICY``, bench.peers), yielding each
     agent's route, or chimera's gateway (``--replicas`` processes on one port) with ``policy``."""
     out = Path(spec.out)
+    if spec.gateway is not None:  # already running: its own workers, policy and request log
+        yield spec.gateway.rstrip("/"), None
+        return
     if peers.is_peer(policy):
         with peers.running(policy, fleet_cfg, out / "logs", tag) as routes:
             yield next(iter(routes.values())).url, routes

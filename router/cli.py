@@ -43,6 +43,28 @@ def _port(text: str) -> int:
     return port
 
 
+def _positive(text: str) -> float:
+    """argparse type of a number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    """argparse type of a count of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="chimera", description="Performance-aware gateway for multi-agent LLM apps.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -85,6 +107,11 @@ def _build_parser() -> argparse.ArgumentParser:
     from backends.profiling.command import add_arguments as add_profile_arguments  # argparse only: cheap
 
     add_profile_arguments(sub.add_parser("profile", help="probe a live worker and fit its profile (or refit probes)"))
+
+    t = sub.add_parser("top", help="a live view of a running gateway: workers, load, predictions, agents, SLA")
+    t.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway (default: the quickstart's)")
+    t.add_argument("--interval", type=_positive, default=1.0, help="seconds between reads (default: 1)")
+    t.add_argument("--frames", type=_count, help="print this many frames, one below the other, then exit")
 
     bench = sub.add_parser("bench", help="replay a multi-agent workload through the gateway per policy")
 
@@ -274,6 +301,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_top(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("rich") is None:
+        from router.top import TOP_EXTRA
+
+        print(f"chimera: `chimera top` needs rich: {TOP_EXTRA}", file=sys.stderr)
+        return EXIT_FAIL
+    from router.top import run
+
+    return run(args.url, args.interval, args.frames)
+
+
 def _cmd_workers(args: argparse.Namespace) -> int:
     from backends.workers_cli import run
 
@@ -296,7 +334,7 @@ def _cmd_predictor(args: argparse.Namespace) -> int:
     return run(args)
 
 
-_COMMANDS = {"serve": _cmd_serve, "check": _cmd_check, "sim": _cmd_sim, "bench": _cmd_bench,
+_COMMANDS = {"serve": _cmd_serve, "check": _cmd_check, "sim": _cmd_sim, "bench": _cmd_bench, "top": _cmd_top,
              "predictor": _cmd_predictor, "workers": _cmd_workers, "profile": _cmd_profile}  # fmt: skip
 
 

@@ -68,6 +68,8 @@ class Metrics:
                              ["agent", "backend"], buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
         self.sla_violations = Counter("chimera_sla_violations_total", "Requests that missed an SLA objective.",
                                       ["agent", "kind"], registry=r)  # fmt: skip
+        self.sla_met = Counter("chimera_sla_met_total", "Requests answered in full within every SLA objective set.",
+                               ["agent"], registry=r)  # fmt: skip
         self.backend_healthy = Gauge("chimera_backend_healthy", "1 if the worker takes requests.",
                                      ["backend"], registry=r, multiprocess_mode=latest)  # fmt: skip
         self.backend_inflight = Gauge("chimera_backend_inflight", "Requests in flight on the worker.",
@@ -97,6 +99,7 @@ class Metrics:
         self._ttft = _Children(self.ttft)
         self._e2e = _Children(self.e2e)
         self._sla_violations = _Children(self.sla_violations)
+        self._sla_met = _Children(self.sla_met)
         self._prediction_error = _Children(self.prediction_error)
         self._worker_failures = _Children(self.worker_failures)
 
@@ -139,6 +142,7 @@ class Metrics:
         if rec.e2e_s is not None:
             self._e2e(agent, backend).observe(rec.e2e_s)
         tpot = rec.tpot_s
+        met = True
         for kind, actual_s, slo_ms in (
             ("ttft", rec.ttft_s, rec.slo_ttft_ms),
             ("tpot", tpot, rec.slo_tpot_ms),
@@ -146,6 +150,9 @@ class Metrics:
         ):
             if actual_s is not None and slo_ms is not None and actual_s * 1000.0 > slo_ms:
                 self._sla_violations(agent, kind).inc()
+                met = False
+        if met:
+            self._sla_met(agent).inc()
         actual_ms = {"ttft_ms": rec.ttft_s, "tpot_ms": tpot, "e2e_ms": rec.e2e_s}
         for key, predicted in (rec.predicted or {}).items():
             actual = actual_ms.get(key)
