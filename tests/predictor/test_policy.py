@@ -223,8 +223,15 @@ def test_chimera_rule_spreads_over_equally_capable_workers() -> None:
 def test_the_decision_says_how_near_the_runner_up_was() -> None:
     views = tuple(BackendView(name=n, model="m") for n in ("a", "b"))
     table = {"a": (1000.0, 100.0, 0.5), "b": (1090.0, 100.0, 0.5)}  # costs 1800 and 1872 ms
-    policy = make_predictive(PolicyOptions(wrong_answer_s=2.0), ModelSlot(Fixed(table)))
-    assert policy(feats(), FleetSnapshot(views)).predicted["cost_gap"] == pytest.approx(0.04)
+    policy = make_predictive(PolicyOptions(wrong_answer_s=2.0, spread_margin=0.0), ModelSlot(Fixed(table)))
+    decided = policy(feats(), FleetSnapshot(views))
+    assert decided.ranked == ("a", "b") and decided.predicted["cost_gap"] == pytest.approx(0.04)
+    assert decided.predicted["runner_up_e2e_ms"] == pytest.approx(0.8 * 1090.0)  # its p50
+    assert decided.predicted["runner_up_quality"] == pytest.approx(0.5)
+    # a near tie drawn for the dearer one: the runner-up (the cheaper) is cheaper than the choice
+    spread = make_predictive(PolicyOptions(wrong_answer_s=2.0, spread_margin=0.1), ModelSlot(Fixed(table)))
+    drawn = [spread(feats(seq=i), FleetSnapshot(views)) for i in range(40)]
+    assert {(d.ranked[0], round(d.predicted["cost_gap"], 4)) for d in drawn} == {("a", 0.04), ("b", -0.0385)}
     chimera = make_predictive(PolicyOptions(wrong_answer_s=0), ModelSlot(Fixed(table)))
     assert "cost_gap" not in chimera(feats(), FleetSnapshot(views)).predicted
 
