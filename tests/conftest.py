@@ -7,12 +7,17 @@ event loop), on a socket bound to a free loopback port, and stops it cleanly.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +25,55 @@ import uvicorn
 
 from chimera_bench import gateway_proc
 from router.core.config import Config
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A run that includes the clients' tests (not only the quick ones) starts building their environments in the
+    background now (tests/clients/conftest.py), once, in the process that runs or hands out the tests."""
+    config = session.config
+    if hasattr(config, "workerinput") or "not slow" in (config.option.markexpr or ""):
+        return
+    clients = ROOT / "tests" / "clients"
+    paths = [Path(a.split("::")[0]).resolve() for a in config.args] or [ROOT / "tests"]
+    if any(p == clients or clients in p.parents or p in clients.parents for p in paths):
+        proc = subprocess.Popen([sys.executable, "-m", "tests.clients.conftest"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)  # (a failed build fails its test)
+        config.stash[_ENV_BUILD] = proc
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow tests first (the two workers of ``-n 2`` finish together rather than one waiting on a long test at the
+    end), then the rest, and the clients' tests last: their environments build in the background meanwhile."""
+    clients = ROOT / "tests" / "clients"
+
+    def key(item: pytest.Item) -> tuple[bool, bool]:
+        return clients in item.path.parents, item.get_closest_marker("slow") is None
+
+    items.sort(key=key)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_when_timing(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under ``-n 2`` a test marked ``quiet`` (it measures wall-clock time against a tolerance) runs with no other
+    test beside it: it takes the run's lock file exclusively, every other test takes it shared."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / f"chimera-tests-{run}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if request.node.get_closest_marker("quiet") else fcntl.LOCK_SH)
+        yield
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    proc = session.config.stash.get(_ENV_BUILD, None)
+    if proc is not None and proc.poll() is None:  # the run ended first (interrupted, or no client test ran)
+        os.killpg(proc.pid, signal.SIGTERM)  # leave no pip behind (an environment not made whole is made again)
+        proc.wait()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+_ENV_BUILD = pytest.StashKey[subprocess.Popen[bytes]]()
 
 
 def interrupt(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:

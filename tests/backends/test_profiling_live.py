@@ -67,6 +67,7 @@ def _tpot(p: Profile, batch: int, ctx: float) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_profile_recovers_a_simulated_workers_ttft_and_tpot(sim_worker: str, tmp_path: Path) -> None:
     out = tmp_path / "my-7b.json"
     proc = _chimera("profile", "--url", sim_worker, "--model", "qwen2.5-7b", "--speedup", str(SPEEDUP),

@@ -293,6 +293,7 @@ def test_ttft_grows_with_prompt_length(sim_server: SimServer, sim_profile: Profi
     assert long > short + 0.1
 
 
+@pytest.mark.quiet
 def test_tpot_grows_with_batch_size(sim_server: SimServer, sim_profile: Profile) -> None:
     srv = sim_server(profile=sim_profile(step_time_s={"decode_seqs": 1e-3}), speedup=2.0)
     with sdk(srv) as client:

@@ -2,13 +2,16 @@
 keys, its two simulated workers; ports moved, time sped up, the request log in a temporary folder).
 
 A client whose dependencies clash with the dev extra's (CrewAI needs openai < 3, the OpenAI Agents SDK
-openai >= 3) or that is heavy (guidellm needs torch) runs from an environment of its own, ``.venv-<name>``
-at the repository's root, made from ``envs/<name>.txt`` the first time (about a minute from a package index)
-and reused while that file is unchanged.
+openai >= 3) or that is heavy (guidellm needs torch) runs from an environment of its own, made from
+``envs/<name>.txt`` the first time (30 to 45 s each from a package index) in the user's cache and reused while that
+file is unchanged (:func:`env_dir`). A run that includes these tests starts building the missing ones in the
+background as it starts (tests/conftest.py), so the builds overlap the other tests.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import subprocess
@@ -72,14 +75,43 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 
 def tool_env(name: str) -> Path:
-    """The ``bin`` folder of the client's own environment, made from ``envs/<name>.txt`` if it is missing or
-    was made from another version of that file."""
-    venv = ROOT / f".venv-{name}"
-    req = ENVS / f"{name}.txt"
-    stamp = venv / "requirements.txt"
-    if not (stamp.exists() and stamp.read_text() == req.read_text()):
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
-        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-r", str(req)],
-                       check=True, timeout=800, stdout=subprocess.DEVNULL)  # fmt: skip
-        stamp.write_text(req.read_text())
-    return venv / "bin"
+    """The ``bin`` folder of the client's own environment (waiting for a build :func:`build_envs` began)."""
+    return build_env(name) / "bin"
+
+
+def env_dir(name: str) -> Path:
+    """Where the environment of ``envs/<name>.txt`` lives: under the user's cache (``$XDG_CACHE_HOME``, else
+    ``~/.cache``), named by a digest of that file and this Python, so every clone and worktree shares it and a
+    changed file makes a new one."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "chimera-router" / "test-envs"
+    digest = hashlib.sha256(((ENVS / f"{name}.txt").read_text() + sys.version).encode()).hexdigest()[:12]
+    return cache / f"{name}-{digest}"
+
+
+def build_env(name: str) -> Path:
+    """The environment of ``envs/<name>.txt``, made unless it was made whole before. One process at a time builds
+    it (a lock file beside it); the others wait and find it made. ``--no-compile``: a client compiles only the
+    modules it imports, not all of torch."""
+    venv = env_dir(name)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    done = venv / "requirements.txt"  # written last: the environment is whole
+    with open(venv.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
+            subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", "-r",
+                            str(ENVS / f"{name}.txt")], check=True, timeout=800, stdout=subprocess.DEVNULL)  # fmt: skip
+            done.write_text((ENVS / f"{name}.txt").read_text())
+    return venv
+
+
+def build_envs() -> None:
+    """Every client environment, one after the other (`python -m tests.clients.conftest`: what a test run starts in
+    the background when it will run the clients' tests, so the builds overlap the other tests while taking one core
+    of the two, not both)."""
+    for path in sorted(ENVS.glob("*.txt")):
+        build_env(path.stem)
+
+
+if __name__ == "__main__":
+    build_envs()
