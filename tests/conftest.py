@@ -42,12 +42,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slow tests first (the two workers of ``-n 2`` finish together rather than one waiting on a long test at the
-    end), then the rest, and the clients' tests last: their environments build in the background meanwhile."""
+    """The tests that run alone (``quiet``) first, while nothing else has started; then the slow ones, so that the
+    two workers of ``-n 2`` (handed one test at a time: ``--maxschedchunk 1``) end together rather than one waiting
+    on a long test at the end; then the rest; the clients' tests last: their environments build meanwhile."""
     clients = ROOT / "tests" / "clients"
 
-    def key(item: pytest.Item) -> tuple[bool, bool]:
-        return clients in item.path.parents, item.get_closest_marker("slow") is None
+    def key(item: pytest.Item) -> tuple[bool, bool, bool]:
+        marked = item.get_closest_marker
+        return clients in item.path.parents, marked("quiet") is None, marked("slow") is None
 
     items.sort(key=key)
 
@@ -55,13 +57,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _quiet_when_timing(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under ``-n 2`` a test marked ``quiet`` (it measures wall-clock time against a tolerance) runs with no other
-    test beside it: it takes the run's lock file exclusively, every other test takes it shared."""
+    test beside it: it holds the run's lock file exclusively, every other test holds it shared. A quiet test first
+    closes the gate (a second lock file) that every other test passes before it takes its share, so it waits for the
+    test running beside it to end, not for a stream of them."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:
         yield
         return
-    with open(Path(tempfile.gettempdir()) / f"chimera-tests-{run}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if request.node.get_closest_marker("quiet") else fcntl.LOCK_SH)
+    base = Path(tempfile.gettempdir()) / f"chimera-tests-{run}"
+    quiet = request.node.get_closest_marker("quiet") is not None
+    with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+        if not quiet:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        fcntl.flock(lock, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
         yield
 
 
