@@ -199,37 +199,42 @@ def run_overhead(
         if client_cpu is not None:
             os.sched_setaffinity(0, {client_cpu})
         fleet = load_config(cfg_path)
-        for rate in rates:
+        for rate in rates:  # each router is started once per rate and measured for every one of ``streams``
+            direct = {stream: asyncio.run(offer(worker_url, rate, duration_s, warmup_s, seed, body(stream)))
+                      for stream in streams}  # fmt: skip
+            rows: dict[bool, list[tuple[str, dict[str, Any]]]] = {stream: [] for stream in streams}
+            name = "round_robin" if replicas == 1 else f"round_robin x{replicas}"
+            with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-overhead.log", gw_cpus, None) as procs:
+                more = tuple(f"http://127.0.0.1:{port}" for _, port in procs[1:])
+                for stream in streams:
+                    rows[stream].append((name, _costed([proc.pid for proc, _ in procs], offer(
+                        gw_url, rate, duration_s, warmup_s, seed, body(stream), spread=more))))  # fmt: skip
+            for spec in peers:
+                if spec == FLOOR:
+                    with _floor(worker_url, dest / "logs" / "floor.log", gw_cpu) as (proc, url):
+                        for stream in streams:
+                            rows[stream].append((FLOOR, _costed([proc.pid], offer(url, rate, duration_s, warmup_s,
+                                                                                  seed, body(stream)))))  # fmt: skip
+                    continue
+                tag = f"overhead-{spec.replace(':', '-')}-{rate:g}"
+                with peer_mod.running(spec, fleet, dest / "logs", tag, cpu=gw_cpu) as routes:
+                    route = routes["chat"]
+                    for stream in streams:
+                        rows[stream].append((spec, _costed(route.pids, offer(
+                            route.url, rate, duration_s, warmup_s, seed, body(stream, route.model),
+                            route.api_key))))  # fmt: skip
             for stream in streams:
-                payload = body(stream)
-                direct = asyncio.run(offer(worker_url, rate, duration_s, warmup_s, seed, payload))
-                with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-overhead.log", gw_cpus, None) as procs:
-                    more = tuple(f"http://127.0.0.1:{port}" for _, port in procs[1:])
-                    via = _costed([proc.pid for proc, _ in procs], offer(gw_url, rate, duration_s, warmup_s, seed,
-                                                                      payload, spread=more))  # fmt: skip
-                rows = [("round_robin" if replicas == 1 else f"round_robin x{replicas}", via)]
-                for spec in peers:
-                    if spec == FLOOR:
-                        with _floor(worker_url, dest / "logs" / "floor.log", gw_cpu) as (proc, url):
-                            floor = _costed([proc.pid], offer(url, rate, duration_s, warmup_s, seed, payload))
-                        rows.append((FLOOR, floor))
-                        continue
-                    tag = f"overhead-{spec.replace(':', '-')}-{rate:g}-{'s' if stream else 'n'}"
-                    with peer_mod.running(spec, fleet, dest / "logs", tag, cpu=gw_cpu) as routes:
-                        route = routes["chat"]
-                        rows.append((spec, _costed(route.pids, offer(route.url, rate, duration_s, warmup_s, seed,
-                                                                      body(stream, route.model), route.api_key))))
-                for name, measured in rows:
-                    entries.append(_entry(rate, direct, measured, duration_s, warmup_s, can_pin, cores, name, stream,
-                                          replicas))  # fmt: skip
+                for name, measured in rows[stream]:
+                    entries.append(_entry(rate, direct[stream], measured, duration_s, warmup_s, can_pin, cores, name,
+                                          stream, replicas))  # fmt: skip
                     console.print(
                         f"overhead {name} rate={rate:g} {'streamed' if stream else 'non-streamed'}: direct "
-                        f"{direct['rps']} rps, p50 {direct['e2e_ms']['p50']} ms; through it {measured['rps']} rps, "
-                        f"p50 {measured['e2e_ms']['p50']} ms; {measured['errors']} errors"
+                        f"{direct[stream]['rps']} rps, p50 {direct[stream]['e2e_ms']['p50']} ms; through it "
+                        f"{measured['rps']} rps, p50 {measured['e2e_ms']['p50']} ms; {measured['errors']} errors"
                     )
-                (dest / "results.json").write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
-                (dest / "saturation.json").write_text(json.dumps(saturation(entries), indent=1) + "\n",
-                                                      encoding="utf-8")  # fmt: skip
+            (dest / "results.json").write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
+            (dest / "saturation.json").write_text(json.dumps(saturation(entries), indent=1) + "\n",
+                                                  encoding="utf-8")  # fmt: skip
         with _gateway(str(cfg_path), gport, dest / "logs" / "gateway-profile.log", [gw_cpu],
                       str(dest / "gateway-profile")):  # fmt: skip
             asyncio.run(offer(gw_url, rates[0], duration_s, 0.0, seed))

@@ -56,22 +56,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _quiet_when_timing(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Under ``-n 2`` a test marked ``quiet`` (it measures wall-clock time against a tolerance) runs with no other
-    test beside it: it holds the run's lock file exclusively, every other test holds it shared. A quiet test first
-    closes the gate (a second lock file) that every other test passes before it takes its share, so it waits for the
-    test running beside it to end, not for a stream of them."""
+    """Under ``-n 2`` the tests marked ``quiet`` (they measure wall-clock time against a tolerance) run first, one
+    at a time, and no other test starts before the last of them has ended: a quiet test holds the run's lock file
+    and adds a line to its tally when done; any other test waits for the tally to count every quiet test collected."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:
         yield
         return
     base = Path(tempfile.gettempdir()) / f"chimera-tests-{run}"
-    quiet = request.node.get_closest_marker("quiet") is not None
-    with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
-        fcntl.flock(gate, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
-        if not quiet:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        fcntl.flock(lock, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
-        yield
+    tally = Path(f"{base}.quiet")
+    if request.node.get_closest_marker("quiet") is not None:
+        with open(f"{base}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                with tally.open("a") as done:
+                    done.write(request.node.nodeid + "\n")
+        return
+    deadline = time.monotonic() + 600  # (a quiet test that hangs is cut off by the time limit long before)
+    quiet = request.config.stash.get(_QUIET, 0)
+    while quiet and time.monotonic() < deadline:
+        if tally.exists() and len(tally.read_text().splitlines()) >= quiet:
+            break
+        time.sleep(0.05)
+    yield
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.config.stash[_QUIET] = sum(item.get_closest_marker("quiet") is not None for item in session.items)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -83,6 +96,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 ROOT = Path(__file__).resolve().parents[1]
 _ENV_BUILD = pytest.StashKey[subprocess.Popen[bytes]]()
+_QUIET = pytest.StashKey[int]()  # how many quiet tests this run collected
 
 
 def interrupt(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:
