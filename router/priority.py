@@ -2,7 +2,8 @@
 
 Such a worker orders its waiting queue by ``(priority, arrival)``, the lower number first, and under KV
 pressure preempts the running request last in that order. For a backend configured with
-``scheduling_policy: priority``, the gateway adds to a request's body (where the caller did not set one)
+``scheduling_policy: priority``, the gateway sets in a request's body (replacing any ``priority`` the caller sent:
+on such a worker a caller's own value would outrank every agent's; ``x-priority`` is how a caller asks for less)
 
     priority = round(1000 x (level + now / aging_s + remaining / tokens_per_level))
 

@@ -127,7 +127,7 @@ class ProxyResponse:
         try:
             call.sent_at = time.perf_counter()
             priority, by_priority = None, gw.engine_priority
-            if by_priority is not None and backend.scheduling_policy == "priority" and "priority" not in call.payload:
+            if by_priority is not None and backend.scheduling_policy == "priority":  # the caller's own is replaced
                 priority = by_priority(call.features, rec.predicted)
             opened = await gw.workers.open(
                 backend, call.path, call.body_for(backend.model, priority), headers, stream=call.features.stream

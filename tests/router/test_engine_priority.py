@@ -1,5 +1,5 @@
 """The ``priority`` the gateway sends to workers that schedule by priority (router/priority.py): its value,
-that only ``scheduling_policy: priority`` backends get it, that a caller's own is kept, and the flag reaching
+that only ``scheduling_policy: priority`` backends get it, that a caller's own is replaced there, and the flag reaching
 the sims ``chimera serve`` starts and the vLLM servers ``chimera workers up`` starts."""
 
 from __future__ import annotations
@@ -56,13 +56,14 @@ def test_only_priority_scheduled_workers_get_it(gateway_server: Callable[..., Se
         client.chat.completions.create(model="m", messages=USER, extra_headers={"x-priority": "4"})  # -> f
         client.chat.completions.create(model="m", messages=USER, extra_headers={"x-priority": "4"})  # -> p
         client.chat.completions.create(model="m", messages=USER)  # -> f
-        client.chat.completions.create(model="m", messages=USER, extra_body={"priority": -7})  # -> p: the caller's
+        client.chat.completions.create(model="m", messages=USER, extra_body={"priority": -10**9})  # -> p: replaced
         after = time.time()
     assert all("priority" not in body for body in fcfs.received) and len(fcfs.received) == 3
     sent = [body["priority"] for body in prio.received]
     assert round(1000 * (2 + before / 5.0)) <= sent[0] <= round(1000 * (2 + after / 5.0))
     assert sent[1] - sent[0] == pytest.approx(2000, abs=1000 * (after - before) / 5.0 + 1)  # x-priority 4: 2 levels
-    assert sent[2] == -7
+    # a caller's own priority would outrank every agent's queue: the gateway's agent-level value replaces it
+    assert round(1000 * (2 + before / 5.0)) <= sent[2] <= round(1000 * (2 + after / 5.0))
 
 
 Start = Callable[..., ServerThread]
