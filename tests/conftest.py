@@ -43,13 +43,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests that run alone (``quiet``) first, while nothing else has started; then the slow ones, so that the
-    two workers of ``-n 2`` (handed one test at a time: ``--maxschedchunk 1``) end together rather than one waiting
-    on a long test at the end; then the rest; the clients' tests last: their environments build meanwhile."""
+    workers (handed one test at a time: ``--maxschedchunk 1``) end together on short tests rather than one waiting
+    on a long test at the end, the clients' last among them (their environments build meanwhile); then the rest."""
     clients = ROOT / "tests" / "clients"
 
     def key(item: pytest.Item) -> tuple[bool, bool, bool]:
         marked = item.get_closest_marker
-        return clients in item.path.parents, marked("quiet") is None, marked("slow") is None
+        return marked("quiet") is None, marked("slow") is None, clients in item.path.parents
 
     items.sort(key=key)
 
