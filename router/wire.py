@@ -17,11 +17,17 @@ their heads (slowloris) or stops half-way through a body could hold the gateway'
 A head cut off that way is answered 408 and the connection closed; a body, by closing the
 connection (the request then ends as a client disconnect, 499). Between requests uvicorn's own
 keep-alive timeout applies.
+
+And it bounds a request's head (``gateway.max_header_bytes``, read from the gateway's lifespan state; else
+:data:`MAX_HEADER_BYTES`): uvicorn's httptools protocol buffers a head whole, however large, before the app sees a
+byte. The bytes of a head still incomplete are counted as they arrive, and a complete head is measured; past the
+limit the client gets 431 in OpenAI's error envelope and the connection is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -31,6 +37,15 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 _HEAD = b"HTTP/1.1 "  # how every response head uvicorn writes starts (its STATUS_LINE table)
 REQUEST_IDLE_S = 30.0  # the longest a request's head or body may go without a byte (nginx's client_*_timeout)
 _TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+MAX_HEADER_BYTES = 64 * 1024  # gateway.max_header_bytes's default, for an app that has no gateway state
+
+
+def _too_large_431(limit: int) -> bytes:
+    body = json.dumps({"error": {"message": f"the request's headers are larger than the gateway's limit of {limit} "
+                                            "bytes (gateway.max_header_bytes)", "type": "invalid_request_error",
+                                 "param": None, "code": "request_header_fields_too_large"}}).encode()  # fmt: skip
+    return (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))  # fmt: skip
 
 
 class HeadHoldingTransport:
@@ -70,6 +85,10 @@ class HeadHoldingTransport:
         return getattr(self._transport, name)
 
 
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: httptools stops parsing and re-raises it from ``feed_data``."""
+
+
 class HeadFirstProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol over a :class:`HeadHoldingTransport`, with a deadline on reading
     each request (:data:`REQUEST_IDLE_S` without progress)."""
@@ -79,6 +98,10 @@ class HeadFirstProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         holding = HeadHoldingTransport(transport, self.loop)
         super().connection_made(holding)  # type: ignore[arg-type]
+        gateway = self.app_state.get("gateway")  # router.gateway.STATE_KEY, set by the app's lifespan
+        self._max_head = gateway.config.gateway.max_header_bytes if gateway is not None else MAX_HEADER_BYTES
+        self._head_bytes = 0  # of the head being read, counted while it is incomplete
+        self._refused = False  # a head past the limit was answered 431: the connection is closing
         # One timer per connection, not per request: it checks the request being read when it fires and
         # re-arms itself for the rest of the allowance, so a busy keep-alive connection costs one timer
         # per REQUEST_IDLE_S, and a request only a few attribute stores.
@@ -87,15 +110,39 @@ class HeadFirstProtocol(HttpToolsProtocol):
         self._read_at = self.loop.time()  # its last progress
         self._read_timer: asyncio.TimerHandle | None = self.loop.call_later(self.idle_s, self._read_idle)
 
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._in_head:
+            self._head_bytes += len(data)  # (the head may end inside ``data``: then on_headers_complete decides)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self._max_head:
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        if not self._refused:
+            self._refused = True
+            self.transport.write(_too_large_431(self._max_head))
+            self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._refused:  # (the parser's error after a refused head is that refusal's, already answered)
+            super().send_400_response(msg)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._reading = self._in_head = True
+        self._head_bytes = 0
         self._read_at = self.loop.time()
         if self._read_timer is None:
             self._read_timer = self.loop.call_later(self.idle_s, self._read_idle)
 
     def on_headers_complete(self) -> None:
         self._in_head, self._read_at = False, self.loop.time()
+        size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+        if size > self._max_head:
+            self._refuse_head()
+            raise _HeadTooLarge  # (stops the parser: nothing of this request reaches the app)
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:

@@ -229,6 +229,9 @@ class GatewayConfig(_Frozen):
     """A JSON-lines file: one line per finished request (what `chimera predictor train` reads)."""
     max_body_bytes: PosInt = 4 * 1024 * 1024
     """Larger request bodies are answered 413."""
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    """A request head (its request line and headers) larger than this is answered 431 and its connection closed,
+    before anything reads it: checked as the bytes arrive, so a huge header never fills the gateway's memory."""
     default_agent: str | None = None
     """The agent of callers that name none (only where no agent has keys)."""
     max_attempts: PosInt = 3

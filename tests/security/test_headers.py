@@ -1,0 +1,131 @@
+"""Attacks by request head, against a real `chimera serve` on loopback (its own process, so its memory is its own):
+a header far past ``gateway.max_header_bytes`` is answered 431 as it arrives, and the gateway neither grows nor
+slows other callers meanwhile."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backends.listen import free_port, wait_ready
+from tests.conftest import interrupt
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    tmp = tmp_path_factory.mktemp("headers")
+    port, worker = free_port(), free_port()
+    cfg = tmp / "gw.yaml"
+    cfg.write_text(
+        f"gateway: {{port: {port}, policy: least_outstanding, default_agent: chat, max_header_bytes: 16384}}\n"
+        f"backends:\n  - {{name: w, url: 'http://127.0.0.1:{worker}', model: qwen2.5-0.5b, kv_budget_tokens: 100000,\n"
+        "     sim: {profile: h200-qwen2.5-0.5b, speedup: 20}}\n"
+        "agents:\n  - {name: chat, models: [qwen2.5-0.5b]}\n"
+    )  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + "/ready", 40, proc=proc)
+        yield url, proc
+    finally:
+        interrupt(proc)
+
+
+def send_raw(url: str, head: bytes, chunk: int = 1 << 16, total: int = 0) -> bytes:
+    """Send ``head`` then ``total`` bytes of one header's value in ``chunk``-sized writes, as fast as the gateway
+    reads them; what the gateway answered (it may close the connection before all is sent)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        try:
+            s.sendall(head)
+            sent = 0
+            while sent < total:
+                s.sendall(b"a" * min(chunk, total - sent))
+                sent += chunk
+            s.sendall(b"\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed on us: the answer is read below
+        answer = b""
+        try:
+            while data := s.recv(65536):
+                answer += data
+        except ConnectionResetError:
+            pass
+        return answer
+
+
+@pytest.mark.quiet  # (it times another caller against its idle latency)
+def test_a_huge_header_is_431_as_it_arrives_and_costs_nothing(gateway: tuple[str, subprocess.Popen[bytes]]) -> None:
+    url, proc = gateway
+    idle = rss_mb(proc.pid)
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def other_caller() -> None:
+        with httpx.Client(timeout=10) as client:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                assert client.get(url + "/health").status_code == 200
+                latencies.append(time.perf_counter() - t0)
+                time.sleep(0.01)
+
+    baseline = []
+    with httpx.Client(timeout=10) as client:
+        for _ in range(50):
+            t0 = time.perf_counter()
+            client.get(url + "/health")
+            baseline.append(time.perf_counter() - t0)
+    t = threading.Thread(target=other_caller)
+    t.start()
+    answers = []
+    try:
+        while len(answers) < 10 or len(latencies) < 50:  # attacks, one after another, while the other caller runs
+            answers.append(send_raw(url, b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: ", total=32 << 20))
+    finally:
+        stop.set()
+        t.join()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert b'"code": "request_header_fields_too_large"' in answer and b"16384 bytes" in answer
+    assert rss_mb(proc.pid) - idle < 50  # it was never buffered
+    # the other caller's p99 stays within 2x of its idle p99 (or 10 ms, below which loopback timing is noise)
+    p99 = sorted(latencies)[int(0.99 * len(latencies))]
+    assert p99 < 2 * max(sorted(baseline)[int(0.99 * len(baseline))], 0.01), (p99, sorted(baseline)[-5:])
+
+
+def test_many_headers_and_a_long_url_count_too(gateway: tuple[str, subprocess.Popen[bytes]]) -> None:
+    url, _ = gateway
+    many = b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 100) for i in range(200))  # 20 KB in 200 small headers
+    assert send_raw(url, b"GET /health HTTP/1.1\r\nhost: x\r\n" + many).startswith(b"HTTP/1.1 431 ")
+    long_url = b"GET /health?" + b"q" * 20_000 + b" HTTP/1.1\r\nhost: x\r\n"
+    assert send_raw(url, long_url).startswith(b"HTTP/1.1 431 ")
+    # under the limit: served, on a connection that stays usable
+    r = httpx.get(url + "/health", headers={f"x-h{i}": "v" * 100 for i in range(100)})
+    assert r.status_code == 200
+
+
+def test_a_head_past_the_limit_in_one_piece_never_reaches_the_app(gateway: tuple[str, subprocess.Popen[bytes]]) -> None:
+    url, _ = gateway
+    body = b'{"model": "auto", "messages": [{"role": "user", "content": "hi"}]}'
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nx-workflow-id: %s\r\n\r\n" % (len(body), b"w" * 40_000))  # fmt: skip
+    answer = send_raw(url, head + body)
+    assert answer.startswith(b"HTTP/1.1 431 ") and answer.count(b"HTTP/1.1") == 1  # one answer, then closed
