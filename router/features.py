@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -198,6 +199,7 @@ def _header_float(headers: Mapping[str, str], name: str) -> float | None:
 
 
 HEADER_INT_MAX = 1000  # x-priority, x-workflow-stage: beyond this no difference is meant (and none overflows)
+WORKFLOW_ID = re.compile(r"[\x21-\x7e]{1,200}")  # x-workflow-id: visible ASCII, bounded (it is logged and kept)
 
 
 def _header_int(headers: Mapping[str, str], name: str) -> int | None:
@@ -208,6 +210,10 @@ def _header_int(headers: Mapping[str, str], name: str) -> int | None:
         return min(HEADER_INT_MAX, max(0, int(text.strip())))
     except ValueError:
         return None
+
+
+def _workflow_id(text: str | None) -> str | None:
+    return text if text and WORKFLOW_ID.fullmatch(text) else None
 
 
 def _tighter(asked: float | None, allowed: float | None) -> float | None:
@@ -244,7 +250,7 @@ def build_features(
         tpot_slo_ms=_tighter(_header_float(headers, "x-slo-tpot-ms"), agent.sla.tpot_ms),
         e2e_slo_ms=agent.sla.e2e_ms,
         min_quality=agent.min_quality,
-        workflow_id=headers.get("x-workflow-id") or None,
+        workflow_id=_workflow_id(headers.get("x-workflow-id")),
         workflow_stage=_header_int(headers, "x-workflow-stage"),
     )
 

@@ -150,6 +150,11 @@ def test_integer_headers_are_bounded() -> None:
     assert f.priority == 1000 and f.workflow_stage == 1000  # a 400-digit priority once overflowed a float (500)
     f = build_features("chat", PLANNER, ("big",), parsed, {"x-priority": "-" + "9" * 40}, 0)
     assert f.priority == PLANNER.priority
+    # a workflow id is logged and kept in the predictor's window: bounded, visible ASCII, else none
+    for wid, kept in (("s1-mixed-0@round_robin-rate4-s1", True), ("w" * 200, True), ("w" * 201, False),
+                      ("a b", False), ("\x00x", False), ("é", False)):  # fmt: skip
+        f = build_features("chat", PLANNER, ("big",), parsed, {"x-workflow-id": wid}, 0)
+        assert f.workflow_id == (wid if kept else None), wid
 
 
 def test_responses_body_features() -> None:
