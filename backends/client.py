@@ -93,6 +93,7 @@ class WorkerResponse:
         self._read, self._at_eof, self._close = read, at_eof, close
         self._more = True
         self._between_s = between_chunks_s
+        self.max_bytes: int | None = None  # the most read_rest() takes (WorkerClient sets gateway.max_response_bytes)
 
     @classmethod
     def from_aiohttp(cls, backend: str, response: aiohttp.ClientResponse, between_chunks_s: float) -> WorkerResponse:
@@ -174,12 +175,22 @@ class WorkerResponse:
         while (chunk := await self.next_chunk()) is not None:
             yield chunk
 
-    async def read_rest(self) -> bytes:
-        """The whole body (first chunk included)."""
-        parts = [self.first_chunk]
-        while (chunk := await self.next_chunk()) is not None:
+    async def read_rest(self, cut_at: int | None = None) -> bytes:
+        """The whole body (first chunk included), at most :attr:`max_bytes` of it: a longer one is a
+        WorkerProtocolError naming the limit, with nothing sent on (a retry is safe). ``cut_at``: keep only that
+        many bytes and stop reading there (an error's body, of which only the message is wanted)."""
+        limit = cut_at if cut_at is not None else self.max_bytes
+        parts, size = [self.first_chunk], len(self.first_chunk)
+        while (limit is None or size <= limit) and (chunk := await self.next_chunk()) is not None:
             parts.append(chunk)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+            size += len(chunk)
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        if limit is None or size <= limit:
+            return body
+        if cut_at is not None:
+            return body[:cut_at]
+        raise WorkerProtocolError(f"worker {self.backend} answered more than {limit} bytes "
+                                  "(gateway.max_response_bytes)", backend=self.backend)  # fmt: skip
 
     async def aclose(self) -> None:
         # Closing an unfinished response closes its connection, which is how a worker learns that
@@ -192,9 +203,11 @@ class WorkerClient:
     ``direct``: that client's :class:`AiohttpTransport`, where it has one (what :func:`make_http_client`
     builds); requests then go straight through it, past httpx's objects."""
 
-    def __init__(self, client: httpx.AsyncClient, timeouts: Timeouts, direct: AiohttpTransport | None = None) -> None:
+    def __init__(self, client: httpx.AsyncClient, timeouts: Timeouts, direct: AiohttpTransport | None = None,
+                 max_response_bytes: int | None = None) -> None:  # fmt: skip
         self._client = client
         self._timeouts = timeouts
+        self._max_bytes = max_response_bytes
         self._direct = direct
         self._direct_timeout = direct.timeout(client.timeout.as_dict()) if direct is not None else None
         self._urls: dict[tuple[str, str], tuple[httpx.URL, bytes]] = {}  # (URL, Host) per worker and path
@@ -213,6 +226,7 @@ class WorkerClient:
         opened = await (self._open_direct if self._direct is not None else self._open_httpx)(
             backend, path, body, headers, limit
         )
+        opened.max_bytes = self._max_bytes
         if opened.status_code >= 500:
             await self._raise_status(opened)
         if opened.status_code < 300 and not opened.first_chunk:
@@ -284,7 +298,7 @@ class WorkerClient:
     async def _raise_status(self, opened: WorkerResponse) -> NoReturn:
         try:
             async with asyncio.timeout(self._timeouts.between_chunks_s):
-                body = await opened.read_rest()
+                body = await opened.read_rest(cut_at=MAX_ERROR_BODY)
         except (WorkerError, TimeoutError):
             body = opened.first_chunk
         finally:

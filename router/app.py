@@ -94,7 +94,7 @@ def create_app(
                 stack.push_async_callback(runtime.close)
             gateway = Gateway(
                 config=config,
-                workers=WorkerClient(client, config.gateway.timeouts, direct),
+                workers=WorkerClient(client, config.gateway.timeouts, direct, config.gateway.max_response_bytes),
                 state=fleet,
                 policy=chosen,
                 policy_name=policy_name,

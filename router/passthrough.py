@@ -15,6 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from backends.client import MAX_ERROR_BODY
 from router.core.asgi import Receive, Scope, Send
 from router.core.config import AUTO_MODEL
 from router.core.errors import BadRequest, NoHealthyWorker, WorkerError
@@ -73,7 +74,7 @@ class Passthrough:
             try:
                 opened = await gw.workers.open(backend, self.path, body, headers, stream=False)
                 try:
-                    answer = await opened.read_rest()
+                    answer = await opened.read_rest(cut_at=MAX_ERROR_BODY if opened.status_code >= 400 else None)
                 finally:
                     await opened.aclose()
             except WorkerError as exc:

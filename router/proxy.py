@@ -29,7 +29,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from backends.client import WorkerResponse
+from backends.client import MAX_ERROR_BODY, WorkerResponse
 from router.call import ProxyCall
 from router.core.asgi import Message, Receive, Scope, Send
 from router.core.errors import (
@@ -48,7 +48,7 @@ from router.features import prefill_tokens, reserved_tokens
 from router.gateway import Gateway
 from router.ratelimit import refund_rate_limits
 from router.requestlog import RequestRecord
-from router.sse import SSECutter
+from router.sse import EventTooLarge, SSECutter
 from router.state.base import Feedback, FleetView, LoadLedger, Reservation
 
 PASSED_HEADERS = ("content-type", "cache-control")  # worker response headers the client sees
@@ -166,7 +166,7 @@ class ProxyResponse:
     async def _send_whole(self, opened: WorkerResponse, send: Send) -> None:
         """A non-streamed answer, or a 4xx: read it all (a failure is still retryable), then send."""
         rec = self.call.record
-        body = await opened.read_rest()
+        body = await opened.read_rest(cut_at=MAX_ERROR_BODY if opened.status_code >= 400 else None)
         if opened.status_code < 400:
             _count_usage(rec, _usage_of(body, opened.backend))
             rec.outcome = "ok"
@@ -188,13 +188,14 @@ class ProxyResponse:
         # TTFT is taken at the first *content* event: a chat stream may open with a role-only event
         # before any token exists (the simulator sends it at once), which is not a first token.
         opening = self.call.features.endpoint == "chat"
-        cutter = SSECutter(responses=self.call.features.endpoint == "responses")
+        cutter = SSECutter(responses=self.call.features.endpoint == "responses",
+                           max_event=gw.config.gateway.max_event_bytes)  # fmt: skip
         headers = [(k.encode(), v.encode()) for k, v in self._headers(opened.backend, opened).items()]
         await send({"type": "http.response.start", "status": opened.status_code, "headers": headers})
         try:
             chunk: bytes | None = opened.first_chunk
             while chunk is not None:
-                out = cutter.feed(chunk)
+                out = _fed(cutter, chunk, opened.backend)
                 if opened.ended:  # the worker's answer is all here: send it with the end of ours, one write
                     out += cutter.finish()
                     if cutter.done:
@@ -270,6 +271,14 @@ _EXPLAINED = (  # Decision.predicted's keys shown in the answer's headers
     ("runner_up_quality", "x-chimera-runner-up-quality", "{:.2f}"),
     ("cost_gap", "x-chimera-runner-up-dearer", "{:+.1%}"),
 )
+
+
+def _fed(cutter: SSECutter, chunk: bytes, backend: str) -> bytes:
+    try:
+        return cutter.feed(chunk)
+    except EventTooLarge as exc:
+        raise WorkerProtocolError(f"worker {backend} sent a stream event larger than {exc.limit} bytes "
+                                  "(gateway.max_event_bytes)", backend=backend) from None  # fmt: skip
 
 
 def _unfinished(backend: str, cutter: SSECutter) -> WorkerProtocolError:

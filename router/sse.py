@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n")
+_DONE = re.compile(rb"(?:^|\n)data: ?\[DONE\]\r?(?:\n|$)")  # the end of a stream: a line of its own, not a mention
 # a Responses stream's last event, and its content events, by their `event:` line or their data's "type"
 _FINAL = re.compile(rb'(?:^|\n)(?:event: ?|data: ?\{"type": ?")response\.(?:completed|incomplete|failed)\b')
 _DELTA = re.compile(rb'(?:^|\n)event: ?response\.(?:output_text|function_call_arguments|refusal)\.delta\b')
@@ -25,9 +26,18 @@ _USAGE = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
 
 
+class EventTooLarge(ValueError):
+    """An event grew past the cutter's ``max_event`` bytes without its blank line."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"an SSE event larger than {limit} bytes")
+        self.limit = limit
+
+
 class SSECutter:
-    def __init__(self, *, responses: bool = False) -> None:
+    def __init__(self, *, responses: bool = False, max_event: int | None = None) -> None:
         self.responses = responses
+        self.max_event = max_event  # the most an incomplete event may hold (EventTooLarge past it)
         self.deltas = 0  # a Responses stream's content events
         self._pending = b""
         self.events = 0  # data events, [DONE] included
@@ -37,9 +47,13 @@ class SSECutter:
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes of ``chunk`` (with what was held back) that end at an event boundary."""
-        data = self._pending + chunk if self._pending else chunk
-        cut = max(data.rfind(b) + len(b) if data.rfind(b) >= 0 else 0 for b in _BOUNDARIES)
+        held = len(self._pending)
+        data = self._pending + chunk if held else chunk
+        start = max(0, held - 3)  # what was held has no boundary: look where one may end, in the new bytes
+        cut = max(data.rfind(b, start) + len(b) if data.rfind(b, start) >= 0 else 0 for b in _BOUNDARIES)
         out, self._pending = data[:cut], data[cut:]
+        if self.max_event is not None and len(self._pending) > self.max_event:
+            raise EventTooLarge(self.max_event)
         if out:
             self._observe(out)
         return out
@@ -71,7 +85,7 @@ class SSECutter:
             self.deltas += len(_DELTA.findall(part))
             if b"response." in part and _FINAL.search(part):
                 self.done = True
-        elif b"[DONE]" in part:
+        elif b"[DONE]" in part and _DONE.search(part):
             self.done = True
         if _USAGE in part and len(_NULL_USAGE.findall(part)) < part.count(_USAGE):
             self._parse_usage(part)
