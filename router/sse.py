@@ -39,7 +39,7 @@ class SSECutter:
         self.responses = responses
         self.max_event = max_event  # the most an incomplete event may hold (EventTooLarge past it)
         self.deltas = 0  # a Responses stream's content events
-        self._pending = b""
+        self._pending = bytearray()  # the start of an event whose blank line has not come yet
         self.events = 0  # data events, [DONE] included
         self.done = False  # saw data: [DONE]
         self.usage: dict[str, Any] | None = None
@@ -48,10 +48,18 @@ class SSECutter:
     def feed(self, chunk: bytes) -> bytes:
         """The bytes of ``chunk`` (with what was held back) that end at an event boundary."""
         held = len(self._pending)
-        data = self._pending + chunk if held else chunk
+        if held:  # (grown in place: a long event costs its length once, not once per chunk)
+            self._pending += chunk
+            data: bytes | bytearray = self._pending
+        else:
+            data = chunk
         start = max(0, held - 3)  # what was held has no boundary: look where one may end, in the new bytes
         cut = max(data.rfind(b, start) + len(b) if data.rfind(b, start) >= 0 else 0 for b in _BOUNDARIES)
-        out, self._pending = data[:cut], data[cut:]
+        out = bytes(data[:cut])
+        if held:
+            del self._pending[:cut]
+        elif cut < len(chunk):
+            self._pending = bytearray(chunk[cut:])
         if self.max_event is not None and len(self._pending) > self.max_event:
             raise EventTooLarge(self.max_event)
         if out:
@@ -62,7 +70,7 @@ class SSECutter:
         """What to send when the worker's stream has ended: an unterminated ``data: [DONE]`` completed with its
         blank line; any other unterminated tail dropped (an SSE parser discards an event cut off before its
         blank line, and half an event is no answer). The stream is whole only if :attr:`done` after this."""
-        tail, self._pending = self._pending, b""
+        tail, self._pending = bytes(self._pending), bytearray()
         if tail.strip() == b"data: [DONE]":
             out = tail.rstrip() + b"\n\n"
             self._observe(out)
