@@ -14,7 +14,7 @@ from router.core.errors import Unauthorized
 from router.core.types import BackendView, FleetSnapshot
 from router.metrics import Metrics
 from router.requestlog import RequestLog, RequestRecord
-from router.sse import SSECutter
+from router.sse import EventTooLarge, SSECutter
 from tests.conftest import make_config
 
 BACKENDS = [{"name": "w", "url": "http://127.0.0.1:9001", "model": "m"}]
@@ -161,6 +161,25 @@ def test_serving_gc_freezes_and_raises_the_young_threshold_then_restores() -> No
         assert gc.get_threshold()[0] == max(before[0], YOUNG_GC_THRESHOLD)
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_sse_cutter_bounds_an_event_and_ends_only_at_a_done_line() -> None:
+    events = b"".join(b'data: {"i": %d, "t": "%s"}\r\n\r\n' % (i, b"x" * (i % 37)) for i in range(200))
+    events += b"data: [DONE]\n\n"
+    for size in (1, 2, 3, 5, 64, 4096):  # any split, boundaries straddling two chunks included
+        c = SSECutter()
+        out = b"".join(c.feed(events[i : i + size]) for i in range(0, len(events), size)) + c.finish()
+        assert out == events and c.done and c.events == 201
+    c = SSECutter(max_event=4096)
+    c.feed(b"data: " + b"x" * 4000)
+    with pytest.raises(EventTooLarge) as too_large:
+        c.feed(b"x" * 200)  # no blank line yet: past the bound
+    assert too_large.value.limit == 4096
+    said = SSECutter()
+    said.feed(b'data: {"choices": [{"delta": {"content": "data: [DONE]"}}]}\n\n')
+    assert not said.done  # [DONE] in the model's text is no end of the stream
+    said.feed(b"data: [DONE]\r\n\r\n")
+    assert said.done
 
 
 def test_sse_cutter_reads_a_responses_stream() -> None:
