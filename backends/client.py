@@ -63,15 +63,15 @@ def make_http_client(timeouts: Timeouts, transport: AiohttpTransport | None = No
 
 def _translate(exc: httpx.HTTPError, backend: str, *, before_first_byte: bool) -> WorkerError:
     where = "before the first byte" if before_first_byte else "mid-response"
-    detail = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    detail = f"{type(exc).__name__}: {exc}".rstrip(": ")  # the operator's: it names hosts and ports
+    kind: type[WorkerError] = WorkerProtocolError
+    what = "answered badly"
     if isinstance(exc, httpx.TimeoutException):
-        return WorkerTimeout(f"worker {backend} timed out {where} ({detail})", backend=backend,
-                             before_first_byte=before_first_byte)  # fmt: skip
-    if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
-        return WorkerConnectError(f"worker {backend} connection failed {where} ({detail})", backend=backend,
-                                  before_first_byte=before_first_byte)  # fmt: skip
-    return WorkerProtocolError(f"worker {backend} answered badly {where} ({detail})", backend=backend,
-                               before_first_byte=before_first_byte)  # fmt: skip
+        kind, what = WorkerTimeout, "timed out"
+    elif isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
+        kind, what = WorkerConnectError, "connection failed"
+    public = f"worker {backend} {what} {where}"
+    return kind(f"{public} ({detail})", backend=backend, before_first_byte=before_first_byte, public=public)
 
 
 class WorkerResponse:

@@ -15,7 +15,7 @@ import hmac
 from collections.abc import Mapping
 
 from router.core.config import AgentConfig, Config
-from router.core.errors import Unauthorized
+from router.core.errors import Unauthorized, shown
 
 
 class AgentResolver:
@@ -58,7 +58,7 @@ class AgentResolver:
             return None
         agent = self._by_name.get(name)
         if agent is None:
-            raise Unauthorized(f"unknown agent {name!r} in X-Agent", code="unknown_agent")
+            raise Unauthorized(f"unknown agent {shown(name)} in X-Agent", code="unknown_agent")
         return agent
 
     def settle(self, named: AgentConfig | None, model: str) -> AgentConfig:

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 from router.core.config import Config, PolicyOptions, load_config
 from router.core.errors import ChimeraError, ConfigError
+from router.core.stateurl import redacted
 from router.core.types import ENGINES
 from router.policies import USES_PREDICTOR
 
@@ -157,7 +157,7 @@ def describe(cfg: Config, file: str) -> str:
     g = cfg.gateway
     lines = [
         f"{file}: ok",
-        f"gateway  {g.host}:{g.port}  policy={g.policy}  state={_no_secret(g.state)}"
+        f"gateway  {g.host}:{g.port}  policy={g.policy}  state={redacted(g.state)}"
         + (f"  default_agent={g.default_agent}" if g.default_agent else ""),
     ]
     details = []
@@ -194,7 +194,7 @@ def describe(cfg: Config, file: str) -> str:
         if b.api_key:
             extra.append("api_key=***")
         lines.append(
-            f"  {b.name:<14} {b.model:<16} {_no_secret(b.url):<26} kv={b.kv_budget_tokens:<9} "
+            f"  {b.name:<14} {b.model:<16} {redacted(b.url):<26} kv={b.kv_budget_tokens:<9} "
             f"max_len={b.max_model_len:<6} {' '.join(extra)}".rstrip()
         )
     lines.append("agents:")
@@ -205,13 +205,6 @@ def describe(cfg: Config, file: str) -> str:
         lines.append(f"  {a.name:<10} models={','.join(a.models)}  sla[{sla}]  priority={a.priority}{overload}  {keys}")
     return "\n".join(lines)
 
-
-def _no_secret(url: str) -> str:
-    """``url`` with its password, if any, shown as ***."""
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(":" + parts.password + "@", ":***@", 1)))
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from router.call import ProxyCall
 from router.core.asgi import ASGIApp, Message, Receive, Scope, Send, header_map, read_body, route_path
 from router.core.config import AUTO_MODEL
-from router.core.errors import BadRequest, ClientError, ModelNotFound
+from router.core.errors import BadRequest, ClientError, ModelNotFound, shown
 from router.core.paths import UPSTREAM_PATHS
 from router.core.types import Endpoint
 from router.features import build_features, parse_body, resolve_models
@@ -32,6 +32,7 @@ from router.ratelimit import enforce_rate_limits
 from router.requestlog import RequestRecord
 
 _CREATED = int(time.time())
+MAX_LOGGED_MODEL = 256  # the most of a requested model name the request log keeps (a caller may send 1 MB)
 
 
 async def request_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
@@ -104,7 +105,7 @@ class Completion:
         parsed = parse_body(endpoint, payload)
         agent = gw.agents.settle(named, parsed.model)
         record.agent = agent.name
-        record.requested_model, record.stream = parsed.model, parsed.stream
+        record.requested_model, record.stream = parsed.model[:MAX_LOGGED_MODEL], parsed.stream
         models = resolve_models(gw.config, agent, parsed.model)
         prompt_tokens = gw.prompt_lengths.estimate(parsed.prompt, models)
         features = build_features(endpoint, agent, models, parsed, headers, gw.next_seq(), prompt_tokens)
@@ -173,7 +174,7 @@ async def get_model(request: Request) -> JSONResponse:
     agent = gateway_of(request).agents.resolve(request.headers)
     model = request.path_params["model"]
     if model not in (*agent.models, AUTO_MODEL):
-        raise ModelNotFound(f"The model {model!r} does not exist", param="model")
+        raise ModelNotFound(f"The model {shown(model)} does not exist", param="model")
     return JSONResponse(_model_card(model))
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.core.config import AUTO_MODEL, AgentConfig, Config
-from router.core.errors import BadRequest, ModelNotAllowed, ModelNotFound
+from router.core.errors import BadRequest, ModelNotAllowed, ModelNotFound, shown
 from router.core.types import Endpoint, RequestFeatures
 from router.promptlen import PromptCounts, prompt_counts
 
@@ -184,7 +184,7 @@ def resolve_models(config: Config, agent: AgentConfig, requested: str) -> tuple[
         return (requested,)
     if requested in config.served_models:
         raise ModelNotAllowed(f"agent {agent.name!r} may not use model {requested!r}", param="model")
-    raise ModelNotFound(f"the model {requested!r} does not exist", param="model")
+    raise ModelNotFound(f"the model {shown(requested)} does not exist", param="model")
 
 
 def _header_float(headers: Mapping[str, str], name: str) -> float | None:

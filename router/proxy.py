@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -40,7 +41,6 @@ from router.core.errors import (
     UpstreamTimedOut,
     WorkerError,
     WorkerProtocolError,
-    WorkerStatusError,
     WorkerTimeout,
 )
 from router.core.types import BackendView, Decision, FleetSnapshot, Policy, RequestFeatures
@@ -51,6 +51,7 @@ from router.requestlog import RequestRecord
 from router.sse import EventTooLarge, SSECutter
 from router.state.base import Feedback, FleetView, LoadLedger, Reservation
 
+log = logging.getLogger(__name__)
 PASSED_HEADERS = ("content-type", "cache-control")  # worker response headers the client sees
 WATCH_AFTER_S = 0.02  # how long a request runs before the client's disconnect is watched for
 
@@ -342,11 +343,13 @@ async def run_until_disconnect(
 
 
 def client_error(exc: WorkerError) -> ClientError:
+    """What the caller is told of a worker's failure: the worker, and what went wrong in the gateway's words: never a
+    transport's text, which names hosts and ports (the operator's log has it), nor a worker's own 5xx message, which
+    may name internals or echo the prompt (so it goes to no log either)."""
+    log.warning("%s", exc)
     if isinstance(exc, WorkerTimeout):
-        return UpstreamTimedOut(str(exc))
-    if isinstance(exc, WorkerStatusError):
-        return UpstreamFailed(f"{exc}: {_worker_message(exc.body)}")
-    return UpstreamFailed(str(exc))
+        return UpstreamTimedOut(exc.public)
+    return UpstreamFailed(exc.public)
 
 
 #: The gateway's error type and code for a worker's own 4xx (OpenAI's names), where the worker gave no string code.

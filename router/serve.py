@@ -32,6 +32,7 @@ from backends.sim.api import PID_HEADER
 from router.core import paths
 from router.core.config import BackendConfig, Config, load_config
 from router.core.errors import ArtifactError, ChimeraError, ConfigError
+from router.core.stateurl import redacted
 from router.logqueue import BatchedLogQueue
 from router.metrics import MULTIPROC_ENV
 from router.requestlog import check_writable
@@ -407,7 +408,7 @@ def _serve(cfg: Config, *, config_path: str, host: str | None, port: int | None,
     try:
         with running_sims(cfg.backends if start_sims else ()):
             log.info("chimera gateway on http://%s (policy %s, state %s)", where(host, sockets[0].getsockname()[1]),
-                     cfg.gateway.policy, cfg.gateway.state)  # fmt: skip
+                     cfg.gateway.policy, redacted(cfg.gateway.state))  # fmt: skip
             if workers == 1:
                 _run(uvicorn.Config(create_app(cfg), **SERVER_OPTIONS), sockets)
             else:

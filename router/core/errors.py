@@ -30,6 +30,16 @@ from __future__ import annotations
 
 import json
 
+SHOWN_CHARS = 64  # the most of a caller's own text an error message repeats
+
+
+def shown(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``repr(text)`` for an error message, cut to ``limit`` characters with its full length said: a caller's text is
+    never reflected without bound."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
 
 class ChimeraError(Exception):
     """Base of every error this package raises on purpose."""
@@ -178,12 +188,16 @@ class UpstreamTimedOut(ClientError):
 
 
 class WorkerError(ChimeraError):
-    """A worker failed. ``before_first_byte`` tells whether a retry elsewhere is safe."""
+    """A worker failed. ``before_first_byte`` tells whether a retry elsewhere is safe. ``public``: what a caller
+    may be told (default: the message), where the message holds what only the operator's log should (a transport's
+    own text, naming hosts and ports)."""
 
-    def __init__(self, message: str, *, backend: str = "", before_first_byte: bool = True) -> None:
+    def __init__(self, message: str, *, backend: str = "", before_first_byte: bool = True,
+                 public: str | None = None) -> None:  # fmt: skip
         super().__init__(message)
         self.backend = backend
         self.before_first_byte = before_first_byte
+        self.public = public if public is not None else message
 
 
 class WorkerConnectError(WorkerError):

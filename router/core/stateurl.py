@@ -51,6 +51,20 @@ STATE_KEYS: dict[str, tuple[str, type[str] | type[float], str]] = {
 _KEYS = {k: (field, kind) for k, (field, kind, _) in STATE_KEYS.items()}
 
 
+def redacted(url: str) -> str:
+    """``url`` fit for a log line or a terminal: its password (``user:PASSWORD@``) and every query value whose key
+    names a password (``sentinel_password=``) shown as ``***``."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password:
+        netloc = netloc.replace(":" + parts.password + "@", ":***@", 1)
+    query = parts.query
+    if "password" in query:
+        query = urlencode([(k, "***" if "password" in k else v) for k, v in parse_qsl(query, keep_blank_values=True)],
+                          safe="*")  # fmt: skip
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
 def redis_options(url: str) -> RedisOptions:
     """``redis://HOST:PORT/DB?prefix=P&lease_ttl_s=10&...``: query keys the state does not know
     are left in the URL for redis-py. A Sentinel URL's hosts and service go to ``sentinels`` and ``service``; its
