@@ -30,6 +30,7 @@ def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
     ``.gz``, as a rotated log is); bad lines skipped. Raises OSError for a file it cannot read."""
     records: list[dict[str, Any]] = []
     feedback: dict[str, float] = {}
+    graders: dict[str, Any] = {}  # request id -> the agent that sent its verdict
     path = Path(path)
     try:
         with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8") as f:
@@ -43,11 +44,15 @@ def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
                 if obj.get("type") == "feedback":
                     if isinstance(obj.get("request_id"), str) and isinstance(obj.get("score"), int | float):
                         feedback[obj["request_id"]] = float(obj["score"])
+                        graders[obj["request_id"]] = obj.get("agent")
                 elif obj.get("request_id") and obj.get("endpoint") and _number_or_none(obj.get("ts")):
                     records.append(obj)
     except (EOFError, UnicodeDecodeError) as exc:  # a truncated gzip stream; a binary file
         raise OSError(0, f"{type(exc).__name__}: {exc}", str(path)) from exc
-    return records, feedback
+    # a verdict counts only from the agent whose request it was (where the log names both)
+    owners = {r["request_id"]: r.get("agent") for r in records}
+    foreign = {rid for rid, agent in graders.items() if agent and owners.get(rid) and owners[rid] != agent}
+    return records, {rid: score for rid, score in feedback.items() if rid not in foreign}
 
 
 def read_logs(paths: Sequence[str | Path]) -> list[Sample]:

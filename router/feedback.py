@@ -4,7 +4,9 @@ Body: ``{"request_id": "<the X-Request-Id of the answer>", "score": 0..1}`` or `
 The caller is authenticated like a completion (its agent must resolve). The score is appended to the
 request log as ``{"type": "feedback", ...}`` (what ``chimera predictor train`` joins on) and handed to
 the gateway's predictor for its next online refit. Answers ``{"ok": true, "matched": bool}`` —
-``matched``: the predictor still holds that request in its training window.
+``matched``: the predictor still holds that request in its training window. A verdict on another agent's request is
+404 ``request_not_found`` and kept nowhere: one tenant cannot grade another's answers (the offline trainer checks
+the logged agent likewise, ``predictor/dataset.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from router.core.errors import BadRequest
+from router.core.errors import BadRequest, RequestNotFound, shown
 from router.edge import _json, request_body
 from router.gateway import gateway_of
 
@@ -48,6 +50,9 @@ async def post_feedback(request: Request) -> JSONResponse:
     agent = gw.agents.resolve(request.headers)
     body = await request_body(request.receive, request.headers.get("content-length"), MAX_FEEDBACK_BYTES)
     rid, score = parse_feedback(_json(body))
+    matched = gw.predictor.feedback(rid, score, agent.name) if gw.predictor is not None else False
+    if matched is None:
+        raise RequestNotFound(f"no recent request of agent {agent.name!r} has the id {shown(rid)}",
+                              param="request_id")  # fmt: skip
     gw.log.write_event({"type": "feedback", "request_id": rid, "score": score, "agent": agent.name, "ts": time.time()})
-    matched = gw.predictor.feedback(rid, score) if gw.predictor is not None else False
     return JSONResponse({"ok": True, "matched": matched})

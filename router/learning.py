@@ -67,6 +67,9 @@ class PredictorRuntime:
         self._share: Callable[[Sequence[int], str], None] | None = None
         self.window = TrainingWindow(self.settings.window)
         self._scores: OrderedDict[str, float] = OrderedDict()
+        # verdicts on ids not seen yet (an answer still streaming), by id -> (agent, score): apart, and smaller, so
+        # made-up ids cannot push real verdicts out of _scores
+        self._early: OrderedDict[str, tuple[str, float]] = OrderedDict()
         # ids of requests in (or recently in) the window -> (agent, backend); those whose verdict was counted
         self._seen: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._tallied: OrderedDict[str, None] = OrderedDict()
@@ -142,9 +145,15 @@ class PredictorRuntime:
     def observe(self, record: RequestRecord) -> None:
         if record.outcome != "ok" or record.fleet is None or record.e2e_s is None or record.backend is None:
             return
-        self.window.add(record.to_json())
         who = (record.agent or "", record.backend)
+        owner = self._seen.get(record.request_id)
+        if owner is not None and owner[0] != who[0]:
+            return  # another agent's request has this id (a caller chose it): the first keeps it, this is not learned
+        self.window.add(record.to_json())
         self._remember(self._seen, record.request_id, who)
+        early = self._early.pop(record.request_id, None)
+        if early is not None and early[0] == who[0]:
+            self._remember(self._scores, record.request_id, early[1])
         if record.backend in self.unprofiled:
             fleet, waited = record.fleet, record.queue_wait_s or 0.0  # the worker's timings: from when it was sent
             ttft = record.ttft_s - waited if record.ttft_s is not None else None
@@ -156,13 +165,19 @@ class PredictorRuntime:
             if score is not None:  # its verdict came before its answer was done
                 self._verdict(record.request_id, who, score)
 
-    def feedback(self, request_id: str, score: float) -> bool:
-        """Keep ``score`` for the next refit; True if the request is one this gateway still holds."""
-        self._remember(self._scores, request_id, score)
+    def feedback(self, request_id: str, score: float, agent: str) -> bool | None:
+        """Keep ``agent``'s ``score`` on its request for the next refit: True if this gateway holds that request,
+        False if it does not (yet: the verdict waits, apart, for its answer), None if the request is another
+        agent's (the verdict is dropped: one tenant cannot grade another's answers)."""
         who = self._seen.get(request_id)
-        if who is not None:
-            self._verdict(request_id, who, score)
-        return who is not None
+        if who is None:
+            self._remember(self._early, request_id, (agent, score), limit=max(16, self.settings.window // 8))
+            return False
+        if who[0] != agent:
+            return None
+        self._remember(self._scores, request_id, score)
+        self._verdict(request_id, who, score)
+        return True
 
     def _verdict(self, request_id: str, who: tuple[str, str], score: float) -> None:
         """A verdict on a worker with no profile counts towards its model's quality once."""
@@ -170,10 +185,10 @@ class PredictorRuntime:
             self._remember(self._tallied, request_id, None)
             self.unprofiled.verdict(who[0], who[1], score)
 
-    def _remember(self, d: OrderedDict[str, Any], key: str, value: Any) -> None:
+    def _remember(self, d: OrderedDict[str, Any], key: str, value: Any, limit: int | None = None) -> None:
         d[key] = value
         d.move_to_end(key)
-        while len(d) > 2 * self.settings.window:
+        while len(d) > (limit if limit is not None else 2 * self.settings.window):
             d.popitem(last=False)
 
     # -- refits --

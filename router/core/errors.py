@@ -147,6 +147,14 @@ class ModelNotFound(ClientError):
     code = "model_not_found"
 
 
+class RequestNotFound(ClientError):
+    """A request id that is not one of the caller's (``/v1/feedback``)."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "request_not_found"
+
+
 class BodyTooLarge(ClientError):
     status_code = 413
     error_type = "invalid_request_error"

@@ -57,7 +57,12 @@ async def test_runtime_refits_in_the_background_and_saves(tmp_path: Path) -> Non
             if k not in ("request_id", "endpoint", "tpot_s") and hasattr(rec, k):
                 setattr(rec, k, v)
         rt.observe(rec)
-    assert rt.feedback("r0-1", 1.0) and not rt.feedback("unknown", 0.0)
+    owner = next(r["agent"] for r in records(150) if r["request_id"] == "r0-1")
+    assert rt.feedback("r0-1", 1.0, owner) is True and rt.feedback("unknown", 0.0, owner) is False
+    assert rt.feedback("r0-1", 0.0, owner + "-other") is None  # another agent's answer: not its to grade
+    for n in range(10_000):  # made-up ids wait apart: they do not push the real verdict out
+        rt.feedback(f"made-up-{n}", 0.0, owner)
+    assert rt._scores == {"r0-1": 1.0}
     assert await rt.refit()
     assert isinstance(rt.slot.current, Predictor) and rt.slot.version == 1
     loaded, header = artifact.load(tmp_path / "live.pkl")

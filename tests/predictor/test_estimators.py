@@ -226,3 +226,17 @@ def test_log_lines_with_fields_of_the_wrong_type_are_skipped(tmp_path: Path) -> 
     path.write_text("\n".join(json.dumps(r) for r in [*good, *bad, failed]) + "\nnot json\n")
     got = read_logs([path])
     assert len(got) == len(samples(good)) == 20  # the bad lines (and the unparsable one) left out
+
+
+def test_a_verdict_counts_only_from_the_agent_whose_request_it_was(tmp_path: Path) -> None:
+    from predictor.dataset import read_log
+
+    good = records(3, seed=5)
+    verdicts = [{"type": "feedback", "request_id": good[0]["request_id"], "score": 1.0, "agent": good[0]["agent"]},
+                {"type": "feedback", "request_id": good[1]["request_id"], "score": 0.0, "agent": "someone-else"},
+                {"type": "feedback", "request_id": good[2]["request_id"], "score": 0.5}]  # (an older log: no agent)
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [*good, *verdicts]) + "\n")
+    _, feedback = read_log(path)
+    assert feedback == {good[0]["request_id"]: 1.0, good[2]["request_id"]: 0.5}
+
