@@ -12,8 +12,9 @@ pass of the loop, and what is written keeps its order.
     uvicorn.run(app, http=HeadFirstProtocol)
 
 It also bounds how long a client may take to send a request (:data:`REQUEST_IDLE_S` without a byte of
-its head or body): uvicorn has no such limit, so a client that opens connections and trickles
-their heads (slowloris) or stops half-way through a body could hold the gateway's sockets forever.
+its head or body, and :data:`REQUEST_IDLE_S` for the whole head, however it trickles): uvicorn has no
+such limit, so a client that opens connections and trickles their heads (slowloris) or stops half-way
+through a body could hold the gateway's sockets forever.
 A head cut off that way is answered 408 and the connection closed; a body, by closing the
 connection (the request then ends as a client disconnect, 499). Between requests uvicorn's own
 keep-alive timeout applies.
@@ -107,7 +108,7 @@ class HeadFirstProtocol(HttpToolsProtocol):
         # per REQUEST_IDLE_S, and a request only a few attribute stores.
         self._reading = True  # a request's head or body is (or may be) still coming
         self._in_head = True  # ... its head
-        self._read_at = self.loop.time()  # its last progress
+        self._read_at = self._head_at = self.loop.time()  # its last progress; when its head began
         self._read_timer: asyncio.TimerHandle | None = self.loop.call_later(self.idle_s, self._read_idle)
 
     def data_received(self, data: bytes) -> None:
@@ -133,7 +134,7 @@ class HeadFirstProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._reading = self._in_head = True
         self._head_bytes = 0
-        self._read_at = self.loop.time()
+        self._read_at = self._head_at = self.loop.time()
         if self._read_timer is None:
             self._read_timer = self.loop.call_later(self.idle_s, self._read_idle)
 
@@ -166,9 +167,11 @@ class HeadFirstProtocol(HttpToolsProtocol):
         self._read_timer = None
         if not self._reading or self.transport.is_closing():
             return
-        waited = self.loop.time() - self._read_at
-        if waited < self.idle_s or self.flow.read_paused:
-            self._read_timer = self.loop.call_later(max(self.idle_s - waited, 0.001), self._read_idle)
+        now = self.loop.time()
+        waited = now - self._read_at
+        head_left = self.idle_s - (now - self._head_at) if self._in_head else self.idle_s  # a head has idle_s in all
+        if head_left > 0 and (waited < self.idle_s or self.flow.read_paused):
+            self._read_timer = self.loop.call_later(max(min(self.idle_s - waited, head_left), 0.001), self._read_idle)
             return
         if self._in_head and (self.cycle is None or self.cycle.response_complete):  # no app has it yet
             self.transport.write(_TIMEOUT_408)

@@ -143,6 +143,16 @@ def test_slow_clients_are_cut_off_after_the_read_deadline_and_slow_progress_is_n
         with socket.create_connection(addr) as s:  # nothing at all: closed
             got, took = _recv_all(s, 5)
         assert took < 2
+        with socket.create_connection(addr) as s:  # a head trickled a byte every 0.05 s: 408 at the head's deadline
+            t0 = time.monotonic()
+            try:
+                for byte in b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n" + b"x-pad: " + b"p" * 100:
+                    s.sendall(bytes([byte]))
+                    time.sleep(0.05)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            got, _ = _recv_all(s, 5)
+        assert got.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 2, got
         body = b'{"model": "auto", "prompt": "hello there"}'
         head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                 b"authorization: " + AUTH["authorization"].encode() + b"\r\n"
