@@ -94,6 +94,7 @@ class WorkerResponse:
         self._more = True
         self._between_s = between_chunks_s
         self.max_bytes: int | None = None  # the most read_rest() takes (WorkerClient sets gateway.max_response_bytes)
+        self.deadline: float | None = None  # the loop time by which read_rest() has it all (a non-streamed answer)
 
     @classmethod
     def from_aiohttp(cls, backend: str, response: aiohttp.ClientResponse, between_chunks_s: float) -> WorkerResponse:
@@ -181,9 +182,14 @@ class WorkerResponse:
         many bytes and stop reading there (an error's body, of which only the message is wanted)."""
         limit = cut_at if cut_at is not None else self.max_bytes
         parts, size = [self.first_chunk], len(self.first_chunk)
-        while (limit is None or size <= limit) and (chunk := await self.next_chunk()) is not None:
-            parts.append(chunk)
-            size += len(chunk)
+        try:
+            async with asyncio.timeout_at(self.deadline):  # (None: no deadline but each chunk's)
+                while (limit is None or size <= limit) and (chunk := await self.next_chunk()) is not None:
+                    parts.append(chunk)
+                    size += len(chunk)
+        except TimeoutError:
+            raise WorkerTimeout(f"worker {self.backend} did not finish its answer within gateway.timeouts.response_s",
+                                backend=self.backend) from None  # fmt: skip
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         if limit is None or size <= limit:
             return body
@@ -223,10 +229,13 @@ class WorkerClient:
         connect error, a timeout, or a broken or empty 2xx answer, all with ``before_first_byte=True``.
         """
         limit = self._timeouts.first_byte_s if stream else self._timeouts.response_s
+        deadline = asyncio.get_running_loop().time() + limit
         opened = await (self._open_direct if self._direct is not None else self._open_httpx)(
             backend, path, body, headers, limit
         )
         opened.max_bytes = self._max_bytes
+        if not stream:  # a non-streamed answer is whole within response_s, however its bytes trickle
+            opened.deadline = deadline
         if opened.status_code >= 500:
             await self._raise_status(opened)
         if opened.status_code < 300 and not opened.first_chunk:

@@ -193,7 +193,7 @@ class Timeouts(_Frozen):
     between_chunks_s: PosFloat = 30.0
     """Streamed requests: between two chunks."""
     response_s: PosFloat = 600.0
-    """Non-streamed requests: the whole answer (it comes as its first byte)."""
+    """Non-streamed requests: the whole answer, from when it was sent, however its bytes trickle."""
 
 
 class HealthConfig(_Frozen):

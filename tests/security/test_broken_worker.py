@@ -1,9 +1,11 @@
 """A broken worker against a real `chimera serve` (its own process, so its memory is its own): answers far past
-``gateway.max_response_bytes``, an error body of 40 MB, an event that never ends, a ``[DONE]`` that is only text.
+``gateway.max_response_bytes``, an error body of 40 MB, an event that never ends, a ``[DONE]`` that is only text, an
+answer trickled a byte every 0.1 s.
 The worker is a fake (no real worker can be made to send these on cue), served over loopback like a real one."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -26,7 +28,8 @@ PIECE = b"x" * (1 << 20)
 
 async def broken_worker(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """By the request's model: ``huge`` a 40 MB JSON answer, ``huge5xx`` a 40 MB 500, ``endless`` one SSE event of
-    40 MB with no blank line, ``fakedone`` a stream whose text says ``[DONE]`` and that then breaks off."""
+    40 MB with no blank line, ``fakedone`` a stream whose text says ``[DONE]`` and that then breaks off, ``trickle`` a
+    byte every 0.1 s."""
     if scope["type"] == "lifespan":
         while (await receive())["type"] != "lifespan.shutdown":
             await send({"type": "lifespan.startup.complete"})
@@ -46,6 +49,13 @@ async def broken_worker(scope: dict[str, Any], receive: Any, send: Any) -> None:
     kind = b"text/event-stream" if model in ("endless", "fakedone") else b"application/json"
     status = 500 if model == "huge5xx" else 200
     await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", kind)]})
+    if model == "trickle":  # a byte every 0.1 s, for ever: each within the between-chunk timeout
+        await send({"type": "http.response.body", "body": b'{"x": "', "more_body": True})
+        for _ in range(600):
+            await asyncio.sleep(0.1)
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+        await send({"type": "http.response.body", "body": b'"}', "more_body": False})
+        return
     if model == "fakedone":
         event = {"choices": [{"index": 0, "delta": {"content": "the stream ends with data: [DONE]"}}]}
         await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
@@ -62,7 +72,7 @@ async def broken_worker(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
     tmp = tmp_path_factory.mktemp("broken")
-    models = ["huge", "huge5xx", "endless", "fakedone"]
+    models = ["huge", "huge5xx", "endless", "fakedone", "trickle"]
     workers = [ServerThread(broken_worker, log_level="critical").start() for _ in models]  # (a URL is one backend's)
     port = free_port()
     backends = "".join(f"  - {{name: {m}, url: '{w.url}', model: {m}, kv_budget_tokens: 100000}}\n"
@@ -71,6 +81,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, sub
     cfg = tmp / "gw.yaml"
     cfg.write_text(
         f"gateway: {{port: {port}, policy: least_outstanding, default_agent: chat, max_attempts: 1,\n"
+        "          timeouts: {response_s: 2},\n"
         f"          max_response_bytes: 4194304, max_event_bytes: 1048576, request_log: '{tmp}/requests.jsonl'}}\n"
         f"backends:\n{backends}agents:\n  - {{name: chat, models: [{', '.join(models)}]}}\n"
     )  # fmt: skip
@@ -117,3 +128,14 @@ def test_a_done_in_the_text_is_not_the_end_of_the_stream(gateway: tuple[str, sub
     events = [line for line in r.text.splitlines() if line.startswith("data: ")]
     assert "[DONE]" in events[0]  # the model's own text, relayed
     assert json.loads(events[-1][6:])["error"]["code"] == "upstream_error"  # then the stream broke: said so
+
+
+def test_an_answer_trickled_byte_by_byte_ends_at_its_deadline(
+    gateway: tuple[str, subprocess.Popen[bytes], Path],
+) -> None:
+    url, _, _ = gateway
+    t0 = time.monotonic()
+    r = ask(url, "trickle")
+    assert r.status_code == 504 and "response_s" in r.json()["error"]["message"]
+    assert time.monotonic() - t0 < 5
+
