@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _quiet_when_timing(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Under ``-n 2`` the tests marked ``quiet`` (they measure wall-clock time against a tolerance) run first, one
+    """Under pytest-xdist the tests marked ``quiet`` (they measure wall-clock time against a tolerance) run first, one
     at a time, and no other test starts before the last of them has ended: a quiet test holds the run's lock file
     and adds a line to its tally when done; any other test waits for the tally to count every quiet test collected."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
