@@ -89,7 +89,7 @@ def test_a_huge_header_is_431_as_it_arrives_and_costs_nothing(gateway: tuple[str
 
     baseline = []
     with httpx.Client(timeout=10) as client:
-        for _ in range(50):
+        for _ in range(200):
             t0 = time.perf_counter()
             client.get(url + "/health")
             baseline.append(time.perf_counter() - t0)
@@ -97,7 +97,7 @@ def test_a_huge_header_is_431_as_it_arrives_and_costs_nothing(gateway: tuple[str
     t.start()
     answers = []
     try:
-        while len(answers) < 10 or len(latencies) < 50:  # attacks, one after another, while the other caller runs
+        while len(answers) < 10 or len(latencies) < 200:  # attacks, one after another, while the other caller runs
             answers.append(send_raw(url, b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: ", total=32 << 20))
     finally:
         stop.set()
@@ -106,9 +106,10 @@ def test_a_huge_header_is_431_as_it_arrives_and_costs_nothing(gateway: tuple[str
         assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
         assert b'"code": "request_header_fields_too_large"' in answer and b"16384 bytes" in answer
     assert rss_mb(proc.pid) - idle < 50  # it was never buffered
-    # the other caller's p99 stays within 2x of its idle p99 (or 10 ms, below which loopback timing is noise)
+    # the other caller's p99 stays within 2x of its idle p99 (or of 12.5 ms, below which loopback timing on a busy
+    # machine is noise: one 32 MB head held whole would cost far more)
     p99 = sorted(latencies)[int(0.99 * len(latencies))]
-    assert p99 < 2 * max(sorted(baseline)[int(0.99 * len(baseline))], 0.01), (p99, sorted(baseline)[-5:])
+    assert p99 < 2 * max(sorted(baseline)[int(0.99 * len(baseline))], 0.0125), (p99, sorted(baseline)[-5:])
 
 
 def test_many_headers_and_a_long_url_count_too(gateway: tuple[str, subprocess.Popen[bytes]]) -> None:
