@@ -11,7 +11,9 @@ config as written and says which lines have no effect.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 from router.core.config import Config
 from router.policies import OPTIONS_READ, USES_PREDICTOR
@@ -20,6 +22,36 @@ from router.policies import OPTIONS_READ, USES_PREDICTOR
 def inert_options(config: Config) -> list[str]:
     """One line per option that has no effect in this config (only options the file sets)."""
     return [str(config.error(loc, message)) for loc, message in _inert(config)]
+
+
+def exposure(config: Config, host: str | None = None) -> list[str]:
+    """One line per way a gateway listening beyond loopback (``host``, else ``gateway.host``) is open to whoever
+    reaches it: no agent has API keys (any caller picks its agent with ``X-Agent``, or gets ``default_agent``); no
+    ``admin_key`` (``/fleet`` and ``/metrics`` name every worker and agent to anyone); a Redis state without a
+    password. Nothing for a loopback address."""
+    host = host or config.gateway.host
+    if _loopback(host):
+        return []
+    where = f"listens on {host}, beyond loopback,"
+    lines = []
+    if not any(a.api_keys for a in config.agents):
+        lines.append(config.error(("gateway", "host"), f"{where} and no agent has api_keys: any caller who reaches it "
+                                  "is whichever agent it names"))  # fmt: skip
+    if config.gateway.admin_key is None:
+        lines.append(config.error(("gateway", "host"), f"{where} with no admin_key: /fleet and /metrics answer anyone"))
+    state = config.gateway.state
+    if state != "memory" and urlsplit(state).password is None and "password" not in state:
+        lines.append(config.error(("gateway", "state"), f"{where} on a Redis state with no password"))
+    return [str(line) for line in lines]
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost: it may resolve anywhere
 
 
 def guessed_profiles(config: Config) -> list[str]:

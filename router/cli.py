@@ -141,13 +141,13 @@ def _needs_bench(argv: Sequence[str]) -> bool:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from router.checks import guessed_profiles, inert_options
+    from router.checks import exposure, guessed_profiles, inert_options
     from router.policies import check_policy
 
     cfg = load_config(args.file)
     check_policy(cfg)
     print(describe(cfg, args.file))
-    for line in [*inert_options(cfg), *guessed_profiles(cfg)]:
+    for line in [*exposure(cfg), *inert_options(cfg), *guessed_profiles(cfg)]:
         print(f"warning: {line}", file=sys.stderr)
     return EXIT_OK
 

@@ -396,8 +396,11 @@ def _log_off_the_loop() -> Iterator[None]:
 def _serve(cfg: Config, *, config_path: str, host: str | None, port: int | None, workers: int,
            start_sims: bool) -> None:  # fmt: skip
     from router.app import create_app
+    from router.checks import exposure
 
     host = host or cfg.gateway.host
+    for line in exposure(cfg, host):  # (a gateway open to whoever reaches it: said, not refused)
+        log.warning("%s", line)
     port = cfg.gateway.port if port is None else port
     preflight(cfg, config_path)  # one line now, not a traceback from the app's start-up
     sockets = listen([(host, port)])  # then the port: taken, it fails before the sims start

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from router.checks import guessed_profiles, inert_options
+from router.checks import exposure, guessed_profiles, inert_options
 from router.core.config import load_config
 from router.serve import preflight
 
@@ -114,3 +114,28 @@ def test_check_shows_each_backends_profile_and_warns_where_a_guess_or_a_learner_
     ]
     path.write_text(path.read_text().replace("policy: predictive", "policy: round_robin"))  # predictions route nothing
     assert guessed_profiles(load_config(path)) == []
+
+
+def test_a_gateway_open_beyond_loopback_is_said_at_check_and_start(tmp_path: Path) -> None:
+    path = tmp_path / "open.yaml"
+    path.write_text(
+        "gateway:\n  host: 0.0.0.0\n  state: redis://redis:6379/0\n"
+        f"{FLEET}agents:\n  - {{name: a, models: [m]}}\n"
+    )
+    proc = subprocess.run([sys.executable, "-m", "router.cli", "check", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"warning: {path}:2: gateway.host: listens on 0.0.0.0, beyond loopback, and no agent has api_keys: any caller "
+        "who reaches it is whichever agent it names",
+        f"warning: {path}:2: gateway.host: listens on 0.0.0.0, beyond loopback, with no admin_key: /fleet and "
+        "/metrics answer anyone",
+        f"warning: {path}:3: gateway.state: listens on 0.0.0.0, beyond loopback, on a Redis state with no password",
+    ]
+    closed = load_config(path)
+    closed = closed.model_copy(update={"gateway": closed.gateway.model_copy(
+        update={"admin_key": "k", "state": "redis://:pw@redis:6379/0"})})  # fmt: skip
+    closed = closed.model_copy(update={"agents": (closed.agents[0].model_copy(update={"api_keys": ("ka",)}),)})
+    assert exposure(closed) == [] and exposure(load_config(path), host="127.0.0.1") == []
+    assert exposure(load_config(path), host="::1") == [] and len(exposure(load_config(path), host="10.0.0.5")) == 3
+
