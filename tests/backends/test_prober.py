@@ -237,10 +237,10 @@ async def test_dead_worker_is_ejected_and_others_unaffected(
     prober, state = _prober(backends, client)
     await prober.start()
     try:
-        await _until(lambda: not state.snapshot().backends[0].healthy, within_s=1.0)
+        # (the live worker's first probe may answer after the dead one's third failure on a busy machine)
+        await _until(lambda: not state.snapshot().backends[0].healthy and state.any_probe_ok(), within_s=3.0)
         alive = state.snapshot().backends[1]
         assert alive.healthy and alive.consecutive_failures == 0
-        assert state.any_probe_ok()
     finally:
         await prober.close()
 
