@@ -114,6 +114,7 @@ class RedisFleetState:
         self._scripts: dict[str, Any] = {}
         self._sync_task: asyncio.Task[None] | None = None
         self._degraded = False
+        self._said_unreadable: set[str] = set()  # what unreadable values in Redis were already logged
         self._synced_at: float | None = None  # when the last SYNC answered (the table's clock)
         self._round_trips = self._errors = self._degraded_events = 0
         self._buckets = TokenBuckets(clock)  # rate limits while Redis is unreachable (per replica then)
@@ -278,21 +279,39 @@ class RedisFleetState:
         if self._degraded:
             self._degraded = False
             log.warning("fleet state: Redis is back; republished this replica's reservations")
-        replicas, probes, now_ms = reply
-        self._redis_ms = int(now_ms)
+        try:
+            replicas, probes, now_ms = reply
+            self._redis_ms = int(now_ms)
+        except (ValueError, TypeError) as exc:  # not the script's reply: Redis answered, the view stays as it was
+            self._unreadable("the SYNC reply", exc)
+            return True
         self._apply_load(replicas)
-        for rec, flat in zip(workers, probes, strict=True):
-            self._apply_probe(rec.name, _pairs(flat), int(now_ms))
+        for rec, flat in zip(workers, probes, strict=False):
+            try:
+                self._apply_probe(rec.name, _pairs(flat), int(now_ms))
+            except (ValueError, TypeError, KeyError) as exc:
+                self._unreadable(f"worker {rec.name}'s shared probe", exc)
         return True
+
+    def _unreadable(self, what: str, exc: Exception) -> None:
+        """A value in Redis this replica cannot read (written by something else, or corrupted): skipped, and said
+        once per ``what`` (a sync runs ten times a second)."""
+        if what not in self._said_unreadable:
+            self._said_unreadable.add(what)
+            log.warning("fleet state: unreadable %s in Redis (%s: %s); skipped", what, type(exc).__name__, exc)
 
     async def _sync_loop(self) -> None:
         task = asyncio.current_task()
         delay = self._opts.sync_interval_s
         while True:
             await asyncio.sleep(delay)
-            ok = await self.sync()
-            if ok and (self._prefix_out or self._prefix_apply is not None):
-                await self.exchange_prefixes()
+            try:
+                ok = await self.sync()
+                if ok and (self._prefix_out or self._prefix_apply is not None):
+                    await self.exchange_prefixes()
+            except Exception:  # a bug must not end the loop silently: the view would freeze for good
+                log.exception("fleet state: the sync with Redis failed; retrying")
+                ok = False
             if task is not None and task.cancelling():
                 # A cancel that arrived as Redis answered can be swallowed inside redis-py (CPython
                 # 3.11's asyncio.wait_for returns the result instead): honour it here, or close()
@@ -313,15 +332,19 @@ class RedisFleetState:
 
     def _apply_load(self, replicas: list[list[Any]]) -> None:
         others: dict[str, dict[str, _Load]] = {}
-        for rid, flat in replicas:
-            if rid == self.replica_id:
-                continue
-            h = _pairs(flat)
-            others[rid] = {
-                w: (int(h.get(w + ":r", 0)), int(h.get(w + ":t", 0)), int(h.get(w + ":p", 0)))
-                for w in self._table.records
-                if w + ":v" in h
-            }
+        for entry in replicas:
+            try:
+                rid, flat = entry
+                if rid == self.replica_id:
+                    continue
+                h = _pairs(flat)
+                others[rid] = {
+                    w: (int(h.get(w + ":r", 0)), int(h.get(w + ":t", 0)), int(h.get(w + ":p", 0)))
+                    for w in self._table.records
+                    if w + ":v" in h
+                }
+            except (ValueError, TypeError) as exc:  # one replica's load unreadable: the others' still count
+                self._unreadable("a replica's load", exc)
         self._others = others
         for w in self._table.records:
             loads = [load[w] for load in others.values() if w in load]

@@ -70,6 +70,30 @@ async def test_replicas_see_each_others_reservations(replicas: Make) -> None:
     assert a.stats().round_trips > 0 and a.stats().errors == 0
 
 
+async def test_an_unreadable_value_in_redis_is_skipped_and_the_sync_goes_on(
+    replicas: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b, c = await replicas(), await replicas(), await replicas()
+    await b.reserve("a", 5)
+    await c.reserve("a", 7)
+    await eventually(lambda: load(a, "a") == (2, 12))
+    raw = redis.asyncio.Redis.from_url(SHARED_URL)
+    try:
+        await raw.hset(a._k_load + b.replica_id, "a:r", "not a number")  # b's load, corrupted
+        await raw.hset(a._k_probe + "a", mapping={"at": "yesterday", "by": "someone", "seq": "9"})
+        trips = a.stats().round_trips
+        await eventually(lambda: a.stats().round_trips > trips + 5)  # the loop goes on
+        await c.reserve("a", 1)
+        await eventually(lambda: load(a, "a")[1] == 8)  # c's load still counts; b's unreadable one is skipped
+        said = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+        assert any("a replica's load" in m for m in said) and any("shared probe" in m for m in said)
+        trips = a.stats().round_trips
+        await eventually(lambda: a.stats().round_trips > trips + 5)
+        assert len([r for r in caplog.records if "unreadable" in r.getMessage()]) == len(said)  # said once, not a sync
+    finally:
+        await raw.aclose()
+
+
 def backlog(st: RedisFleetState, name: str) -> int:
     v = st.snapshot().by_name(name)
     assert v is not None
