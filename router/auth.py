@@ -48,6 +48,11 @@ class AgentResolver:
         raise Unauthorized("no agent: send an X-Agent header (no default_agent is configured)",
                            code="missing_agent")  # fmt: skip
 
+    @property
+    def default(self) -> AgentConfig | None:
+        """``gateway.default_agent``'s agent, where one is set."""
+        return self._default
+
     def named(self, headers: Mapping[str, str]) -> AgentConfig | None:
         """The agent the caller's key or ``X-Agent`` header names; None where it names none (no keys
         configured and no header). Raises Unauthorized (401) for no or an unknown key or agent."""

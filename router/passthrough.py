@@ -4,25 +4,31 @@
 names (``auto`` or the agent's name: the agent's first model), the least busy first, and are retried on the
 next one before the first byte as a completion is; the answer is passed through, a worker's own 4xx in the
 gateway's envelope. They reserve no load and take no routing decision: tokenizing is the worker's API
-server's work, and an embedding model serves no completions. ``GET /version`` is the gateway's own.
+server's work, and an embedding model serves no completions. They take from the agent's rate limits as a completion
+does (one request; an embedding's input as tokens), and a request refused for what it sent costs one request.
+``GET /version`` is the gateway's own.
 """
 
 from __future__ import annotations
 
 import json
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from backends.client import MAX_ERROR_BODY
+from router.core import paths
 from router.core.asgi import Receive, Scope, Send
 from router.core.config import AUTO_MODEL
-from router.core.errors import BadRequest, NoHealthyWorker, WorkerError
+from router.core.errors import BadRequest, ModelNotAllowed, ModelNotFound, NoHealthyWorker, WorkerError
 from router.edge import _json, request_body
 from router.features import resolve_models
-from router.gateway import gateway_of
+from router.gateway import Gateway, gateway_of
+from router.promptlen import prompt_counts
 from router.proxy import client_error, worker_error_envelope
+from router.ratelimit import charge
 
 try:
     VERSION = version("chimera-router")
@@ -35,6 +41,17 @@ MAX_BODY_BYTES = 1024 * 1024
 async def get_version(request: Request) -> JSONResponse:
     """GET /version: the gateway's version, as vLLM answers its own."""
     return JSONResponse({"version": VERSION})
+
+
+def _input_tokens(gw: Gateway, payload: dict[str, Any], models: tuple[str, ...]) -> int:
+    """An embedding request's ``input`` in tokens: token ids counted, text estimated as a prompt is."""
+    given = payload.get("input")
+    items = given if isinstance(given, list) else [given]
+    if items and all(isinstance(t, int) for t in items):
+        return len(items)
+    text = "\n".join(t for t in items if isinstance(t, str))
+    exact = sum(len(t) for t in items if isinstance(t, list))
+    return gw.prompt_lengths.estimate(prompt_counts(text, exact=exact), models)
 
 
 class Passthrough:
@@ -53,10 +70,19 @@ class Passthrough:
         limit = min(MAX_BODY_BYTES, gw.config.gateway.max_body_bytes)
         payload = _json(await request_body(request.receive, request.headers.get("content-length"), limit))
         model = payload.get("model") if isinstance(payload, dict) else None
-        if not isinstance(model, str) or not model:
-            raise BadRequest("you must provide a model parameter", param="model", code="missing_required_parameter")
-        agent = gw.agents.settle(named, model)
-        models = resolve_models(gw.config, agent, model)
+        try:
+            if not isinstance(model, str) or not model:
+                raise BadRequest("you must provide a model parameter", param="model",
+                                 code="missing_required_parameter")  # fmt: skip
+            agent = gw.agents.settle(named, model)
+            models = resolve_models(gw.config, agent, model)
+        except (BadRequest, ModelNotFound, ModelNotAllowed):  # refused for what it sent: still one request of rpm
+            caller = named or gw.agents.default
+            if caller is not None:
+                await charge(gw, caller, 0)
+            raise
+        # the same buckets as completions: one request, and an embedding's input as tokens (the worker's GPU work)
+        await charge(gw, agent, _input_tokens(gw, payload, models) if self.path == paths.EMBEDDINGS else 0)
         if model == AUTO_MODEL or model == agent.name:
             models = models[:1]  # a tokenizer is the model's own: "auto" means the agent's first
         views = sorted((v for v in gw.state.snapshot().backends if v.healthy and v.model in models),

@@ -23,16 +23,24 @@ from router.state.base import RateBuckets
 
 
 async def enforce_rate_limits(
-    gw: Gateway, agent: AgentConfig, features: RequestFeatures, record: RequestRecord
+    gw: Gateway, agent: AgentConfig, features: RequestFeatures, record: RequestRecord | None = None
 ) -> None:
     """Take this request from the agent's buckets, or raise Overloaded."""
+    await charge(gw, agent, reserved_tokens(features), record)
+
+
+async def charge(gw: Gateway, agent: AgentConfig, tokens: int, record: RequestRecord | None = None) -> None:
+    """Take one request and ``tokens`` from the agent's buckets, or raise Overloaded: the one path of every request
+    that reaches a worker (completions, embeddings, tokenize) and of the ones refused for what they sent (400, 403,
+    404 cost a request of ``rpm``, so a caller cannot probe or flood for free)."""
     if agent.rpm is None and agent.tpm is None:
         return
-    wait = await _take(gw.state, agent, features, 1)
+    wait = await gw.state.take_tokens(agent.name, 1, tokens, agent.rpm, agent.tpm)
     if wait <= 0:
         return
     gw.metrics.rejections.labels(agent.name, "rate_limit").inc()
-    record.error = "Overloaded"
+    if record is not None:
+        record.error = "Overloaded"
     limits = ", ".join(f"{k} {v}" for k, v in (("rpm", agent.rpm), ("tpm", agent.tpm)) if v is not None)
     raise Overloaded(f"agent {agent.name!r} is over its rate limit ({limits}); retry after {wait:.1f} s",
                      retry_after_s=math.ceil(wait), code="rate_limit_exceeded")  # fmt: skip

@@ -55,3 +55,28 @@ def test_an_agent_grades_only_its_own_answers(sim_server: Start, gateway_server:
     time.sleep(0.6)  # the request log is written twice a second
     verdicts = [json.loads(line) for line in log.read_text().splitlines() if '"feedback"' in line]
     assert {(v["request_id"], v["agent"]) for v in verdicts} == {(mine, "alice"), ("shared-id-1", "alice")}
+
+
+def test_every_path_to_a_worker_and_every_refusal_counts_against_the_rate_limit(
+    sim_server: Start, gateway_server: Start
+) -> None:
+    worker = sim_server(model="qwen2.5-0.5b", profile="h200-qwen2.5-0.5b")
+    cfg = make_config([{"name": "w", "url": worker.url, "model": "qwen2.5-0.5b"}],
+                      agents=[{"name": "a", "api_keys": ["ka"], "models": ["qwen2.5-0.5b"], "rpm": 3},
+                              {"name": "b", "api_keys": ["kb"], "models": ["qwen2.5-0.5b"], "rpm": 2}])  # fmt: skip
+    gw = gateway_server(cfg)
+    a, b = {"authorization": "Bearer ka"}, {"authorization": "Bearer kb"}
+    # three refusals for what was sent (a model that is not there, a body that is not JSON): the minute is spent
+    chat = gw.url + "/v1/chat/completions"
+    assert httpx.post(chat, headers=a, json={"model": "nope", "messages": USER}).status_code == 404
+    assert httpx.post(chat, headers=a, content=b"{not json").status_code == 400
+    assert httpx.post(gw.url + "/v1/completions", headers=a, json={"model": "nope", "prompt": "x"}).status_code == 404
+    over = httpx.post(chat, headers=a, json={"model": "auto", "messages": USER})
+    assert over.status_code == 429 and over.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(over.headers["retry-after"]) > 0
+    # tokenize goes through the same buckets as completions
+    tok = {"model": "qwen2.5-0.5b", "prompt": "hello there"}
+    assert httpx.post(gw.url + "/tokenize", headers=b, json=tok).status_code == 200
+    assert httpx.post(gw.url + "/tokenize", headers=b, json=tok).status_code == 200
+    assert httpx.post(gw.url + "/tokenize", headers=b, json=tok).status_code == 429
+
