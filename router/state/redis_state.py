@@ -51,7 +51,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
@@ -63,6 +62,7 @@ from router.core.stateurl import RedisOptions
 from router.core.types import FleetSnapshot
 from router.state.base import Feedback, ReplicaLoad, Reservation, ScrapedMetrics, StateStats
 from router.state.buckets import TokenBuckets
+from router.state.redis_sentinel import master_kwargs, sentinels
 from router.state.table import FleetTable
 
 log = logging.getLogger(__name__)
@@ -134,9 +134,9 @@ class RedisFleetState:
             "retry": Retry(NoBackoff(), 0), "client_name": f"chimera-{self.replica_id}",
         }  # fmt: skip
         if self._opts.sentinels:
-            self._sentinel = _sentinel(self._opts)
+            self._sentinel = sentinels(self._opts)
             # the URL's own keys win, as redis-py's from_url lets them
-            self._client = self._sentinel.master_for(self._opts.service, **{**kwargs, **_master_kwargs(self._opts.url)})
+            self._client = self._sentinel.master_for(self._opts.service, **{**kwargs, **master_kwargs(self._opts.url)})
         else:
             self._client = aioredis.Redis.from_url(self._opts.url, **kwargs)
         for name in ("PUT", "SYNC", "PUBLISH_PROBE", "ELECT", "GOODBYE", "TAKE_TOKENS"):
@@ -498,25 +498,3 @@ def _stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
         return []
     streams = reply.values() if isinstance(reply, dict) else (entries for _, entries in reply)
     return [(entry_id, fields) for entries in streams for entry_id, fields in entries]
-
-
-def _master_kwargs(url: str) -> dict[str, Any]:
-    """The master connections' options from a Sentinel URL's master part (``redis_options``): its user, password,
-    database and redis-py query keys; TLS where the scheme was ``rediss+sentinel``."""
-    kwargs: dict[str, Any] = dict(parse_url(url))
-    kwargs.pop("host", None)
-    kwargs.pop("port", None)
-    if kwargs.pop("connection_class", None) is SSLConnection:
-        kwargs["ssl"] = True
-    return kwargs
-
-
-def _sentinel(opts: RedisOptions) -> Sentinel:
-    """The Sentinels of a ``redis+sentinel://`` state, asked with the same timeouts as the master (and over TLS with
-    the same certificates where the master is)."""
-    master = _master_kwargs(opts.url)
-    kwargs: dict[str, Any] = {"socket_timeout": opts.op_timeout_s, "socket_connect_timeout": opts.op_timeout_s,
-                              "password": opts.sentinel_password}  # fmt: skip
-    if master.get("ssl"):
-        kwargs.update({k: v for k, v in master.items() if k.startswith("ssl")})
-    return Sentinel(opts.sentinels, sentinel_kwargs=kwargs)
