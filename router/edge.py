@@ -21,14 +21,14 @@ from starlette.responses import JSONResponse, Response
 from router.call import ProxyCall
 from router.core.asgi import ASGIApp, Message, Receive, Scope, Send, header_map, read_body, route_path
 from router.core.config import AUTO_MODEL
-from router.core.errors import BadRequest, ClientError, ModelNotAllowed, ModelNotFound, shown
+from router.core.errors import BadRequest, ClientError, ModelNotFound, shown
 from router.core.paths import UPSTREAM_PATHS
 from router.core.types import Endpoint
 from router.features import build_features, parse_body, resolve_models
 from router.gateway import STATE_KEY, Gateway, gateway_of
 from router.middleware import RECORD_KEY, REQUEST_ID_KEY
 from router.proxy import ProxyResponse
-from router.ratelimit import charge, enforce_rate_limits
+from router.ratelimit import REFUSED, charge_refused, enforce_rate_limits
 from router.requestlog import RequestRecord
 
 _CREATED = int(time.time())
@@ -108,10 +108,8 @@ class Completion:
             record.agent = agent.name
             record.requested_model, record.stream = parsed.model[:MAX_LOGGED_MODEL], parsed.stream
             models = resolve_models(gw.config, agent, parsed.model)
-        except (BadRequest, ModelNotFound, ModelNotAllowed):  # refused for what it sent: still one request of rpm
-            caller = gw.config.agent(record.agent) if record.agent else gw.agents.default
-            if caller is not None:
-                await charge(gw, caller, 0, record)  # (over its limit: 429 instead)
+        except REFUSED:
+            await charge_refused(gw, gw.config.agent(record.agent) if record.agent else None, record)
             raise
         prompt_tokens = gw.prompt_lengths.estimate(parsed.prompt, models)
         features = build_features(endpoint, agent, models, parsed, headers, gw.next_seq(), prompt_tokens)

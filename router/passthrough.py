@@ -22,13 +22,13 @@ from backends.client import MAX_ERROR_BODY
 from router.core import paths
 from router.core.asgi import Receive, Scope, Send
 from router.core.config import AUTO_MODEL
-from router.core.errors import BadRequest, ModelNotAllowed, ModelNotFound, NoHealthyWorker, WorkerError
+from router.core.errors import BadRequest, NoHealthyWorker, WorkerError
 from router.edge import _json, request_body
 from router.features import resolve_models
 from router.gateway import Gateway, gateway_of
 from router.promptlen import prompt_counts
 from router.proxy import client_error, worker_error_envelope
-from router.ratelimit import charge
+from router.ratelimit import REFUSED, charge, charge_refused
 
 try:
     VERSION = version("chimera-router")
@@ -76,10 +76,8 @@ class Passthrough:
                                  code="missing_required_parameter")  # fmt: skip
             agent = gw.agents.settle(named, model)
             models = resolve_models(gw.config, agent, model)
-        except (BadRequest, ModelNotFound, ModelNotAllowed):  # refused for what it sent: still one request of rpm
-            caller = named or gw.agents.default
-            if caller is not None:
-                await charge(gw, caller, 0)
+        except REFUSED:
+            await charge_refused(gw, named)
             raise
         # the same buckets as completions: one request, and an embedding's input as tokens (the worker's GPU work)
         await charge(gw, agent, _input_tokens(gw, payload, models) if self.path == paths.EMBEDDINGS else 0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from router.core.config import AgentConfig
-from router.core.errors import Overloaded
+from router.core.errors import BadRequest, ModelNotAllowed, ModelNotFound, Overloaded
 from router.core.types import RequestFeatures
 from router.features import reserved_tokens
 from router.gateway import Gateway
@@ -58,3 +58,15 @@ async def refund_rate_limits(gw: Gateway, features: RequestFeatures) -> None:
 async def _take(buckets: RateBuckets, agent: AgentConfig, features: RequestFeatures, sign: int) -> float:
     """Take (``sign`` 1) or give back (-1) one request and its reserved tokens; the seconds to wait, or 0."""
     return await buckets.take_tokens(agent.name, sign, sign * reserved_tokens(features), agent.rpm, agent.tpm)
+
+
+#: What a request is refused for when it is the caller's own doing (its body, its model): it still costs one request.
+REFUSED = (BadRequest, ModelNotFound, ModelNotAllowed)
+
+
+async def charge_refused(gw: Gateway, caller: AgentConfig | None, record: RequestRecord | None = None) -> None:
+    """One request of ``caller``'s ``rpm`` (``gateway.default_agent``'s where none is known yet) for a request refused
+    as :data:`REFUSED`; Overloaded (429) instead where none is left."""
+    caller = caller or gw.agents.default
+    if caller is not None:
+        await charge(gw, caller, 0, record)
