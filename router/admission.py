@@ -202,6 +202,11 @@ class AdmissionController:
             return None, first
         return Grant(decision, room_snap, reserved_tokens(f, decision.predicted.get("output_tokens"))), first
 
+    def has_room(self, v: BackendView, tokens: int, priority: float) -> bool:
+        """Whether worker ``v`` has room for ``tokens`` more at ``priority``: what a request that takes no routing
+        decision (an embedding) is admitted by."""
+        return self._room(v, tokens, self._share(priority))
+
     def _never_fits(self, f: RequestFeatures) -> bool:
         """Whether no worker serving the request's models has the context for its prompt (estimated) and its
         ``max_tokens``: vLLM answers such a request 400 at once, so it goes to a worker now rather than waiting

@@ -92,6 +92,8 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-model-len", type=int, help="as vLLM's: the longest prompt + output (default: the profile's)")
     m.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
                    help="as vLLM's: the waiting queue in arrival order, or by each request's priority")  # fmt: skip
+    m.add_argument("--runner", choices=("generate", "pooling"), default="generate",
+                   help="as vLLM's: a generative model (completions) or a pooling one (/v1/embeddings)")  # fmt: skip
     m.add_argument("--engine", choices=ENGINES, default="vllm",
                    help="serve this engine's metrics, health and identity endpoints (default: vLLM's)")  # fmt: skip
     m.add_argument(
@@ -247,6 +249,7 @@ def sim_workers(args: argparse.Namespace) -> tuple[SimSettings, list[tuple[SimSe
         scheduling_policy=args.scheduling_policy,
         max_model_len=args.max_model_len,
         engine=args.engine,
+        runner=args.runner,
     )
     check_settings(settings)
     also = [_sim_also(spec, settings, args.host) for spec in args.also]
@@ -257,7 +260,7 @@ def sim_workers(args: argparse.Namespace) -> tuple[SimSettings, list[tuple[SimSe
 
 
 _ALSO_INTS = ("port", "kv_tokens", "seed", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
-_ALSO_KEYS = ("host", "model", "profile", "scheduling_policy", "engine", *_ALSO_INTS)
+_ALSO_KEYS = ("host", "model", "profile", "scheduling_policy", "engine", "runner", *_ALSO_INTS)
 
 
 def _sim_also(spec: str, first: SimSettings, host: str) -> tuple[SimSettings, str, int]:

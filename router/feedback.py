@@ -6,7 +6,8 @@ request log as ``{"type": "feedback", ...}`` (what ``chimera predictor train`` j
 the gateway's predictor for its next online refit. Answers ``{"ok": true, "matched": bool}`` —
 ``matched``: the predictor still holds that request in its training window. A verdict on another agent's request is
 404 ``request_not_found`` and kept nowhere: one tenant cannot grade another's answers (the offline trainer checks
-the logged agent likewise, ``predictor/dataset.py``).
+the logged agent likewise, ``predictor/dataset.py``). An agent with an ``rpm`` may post that many verdicts a minute
+(429 past it), apart from its requests.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.responses import JSONResponse
 from router.core.errors import BadRequest, RequestNotFound, shown
 from router.edge import _json, request_body
 from router.gateway import gateway_of
+from router.ratelimit import charge_feedback
 
 MAX_FEEDBACK_BYTES = 16 * 1024
 
@@ -48,6 +50,7 @@ def parse_feedback(body: Any) -> tuple[str, float]:
 async def post_feedback(request: Request) -> JSONResponse:
     gw = gateway_of(request)
     agent = gw.agents.resolve(request.headers)
+    await charge_feedback(gw, agent)  # each verdict is a line in the request log: not for free
     body = await request_body(request.receive, request.headers.get("content-length"), MAX_FEEDBACK_BYTES)
     rid, score = parse_feedback(_json(body))
     matched = gw.predictor.feedback(rid, score, agent.name) if gw.predictor is not None else False

@@ -6,6 +6,9 @@ next one before the first byte as a completion is; the answer is passed through,
 gateway's envelope. They reserve no load and take no routing decision: tokenizing is the worker's API
 server's work, and an embedding model serves no completions. They take from the agent's rate limits as a completion
 does (one request; an embedding's input as tokens), and a request refused for what it sent costs one request.
+An embedding is GPU work: it holds its input's tokens on its worker while it runs (the fleet's load, as a completion's
+reservation), and under ``gateway.admission`` it goes only to a worker with room for them at its agent's priority,
+else 429 ``overloaded`` at once (it is not queued).
 ``GET /version`` is the gateway's own.
 """
 
@@ -21,8 +24,8 @@ from starlette.responses import JSONResponse, Response
 from backends.client import MAX_ERROR_BODY
 from router.core import paths
 from router.core.asgi import Receive, Scope, Send
-from router.core.config import AUTO_MODEL
-from router.core.errors import BadRequest, NoHealthyWorker, WorkerError
+from router.core.config import AUTO_MODEL, BackendConfig
+from router.core.errors import BadRequest, NoHealthyWorker, Overloaded, WorkerError
 from router.edge import _json, request_body
 from router.features import resolve_models
 from router.gateway import Gateway, gateway_of
@@ -80,13 +83,21 @@ class Passthrough:
             await charge_refused(gw, named)
             raise
         # the same buckets as completions: one request, and an embedding's input as tokens (the worker's GPU work)
-        await charge(gw, agent, _input_tokens(gw, payload, models) if self.path == paths.EMBEDDINGS else 0)
+        gpu_work = self.path == paths.EMBEDDINGS
+        tokens = _input_tokens(gw, payload, models) if gpu_work else 0
+        await charge(gw, agent, tokens)
         if model == AUTO_MODEL or model == agent.name:
             models = models[:1]  # a tokenizer is the model's own: "auto" means the agent's first
         views = sorted((v for v in gw.state.snapshot().backends if v.healthy and v.model in models),
                        key=lambda v: v.inflight_requests)  # fmt: skip
         if not views:
             raise NoHealthyWorker(f"no healthy worker serves {', '.join(models)}")
+        if gpu_work and gw.admission is not None:
+            views = [v for v in views if gw.admission.has_room(v, tokens, agent.priority)]
+            if not views:
+                gw.metrics.rejections.labels(agent.name, "overloaded").inc()
+                raise Overloaded(f"no worker serving {', '.join(models)} has room for this embedding now; retry",
+                                 code="overloaded")  # fmt: skip
         last: WorkerError | None = None
         for view in views[: gw.config.gateway.max_attempts]:
             backend = gw.config.backend(view.name)
@@ -96,17 +107,31 @@ class Passthrough:
                 headers["authorization"] = "Bearer " + backend.api_key
             body = json.dumps({**payload, "model": backend.model}, separators=(",", ":")).encode()
             try:
-                opened = await gw.workers.open(backend, self.path, body, headers, stream=False)
-                try:
-                    answer = await opened.read_rest(cut_at=MAX_ERROR_BODY if opened.status_code >= 400 else None)
-                finally:
-                    await opened.aclose()
+                answer, status = await self._call(gw, backend, body, headers, tokens if gpu_work else None)
             except WorkerError as exc:
                 last = exc
                 continue
-            if opened.status_code >= 400:
-                answer = json.dumps(worker_error_envelope(opened.status_code, answer)).encode()
-            return Response(answer, opened.status_code, headers={"x-chimera-backend": backend.name},
-                            media_type="application/json")  # fmt: skip
+            if status >= 400:
+                answer = json.dumps(worker_error_envelope(status, answer)).encode()
+            return Response(answer, status, headers={"x-chimera-backend": backend.name}, media_type="application/json")
         assert last is not None
         raise client_error(last)
+
+    async def _call(self, gw: Gateway, backend: BackendConfig, body: bytes, headers: dict[str, str],
+                    held: int | None) -> tuple[bytes, int]:  # fmt: skip
+        """The worker's answer and status; ``held`` tokens reserved on it meanwhile (None: no load held)."""
+        reservation = await gw.state.reserve(backend.name, held) if held is not None else None
+        try:
+            opened = await gw.workers.open(backend, self.path, body, headers, stream=False)
+            try:
+                answer = await opened.read_rest(cut_at=MAX_ERROR_BODY if opened.status_code >= 400 else None)
+                return answer, opened.status_code
+            finally:
+                await opened.aclose()
+        finally:
+            if reservation is not None:
+                try:
+                    await gw.state.release(reservation)
+                finally:
+                    if gw.admission is not None:
+                        gw.admission.wake()

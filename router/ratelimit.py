@@ -36,14 +36,26 @@ async def charge(gw: Gateway, agent: AgentConfig, tokens: int, record: RequestRe
     if agent.rpm is None and agent.tpm is None:
         return
     wait = await gw.state.take_tokens(agent.name, 1, tokens, agent.rpm, agent.tpm)
-    if wait <= 0:
+    if wait > 0:
+        limits = ", ".join(f"{k} {v}" for k, v in (("rpm", agent.rpm), ("tpm", agent.tpm)) if v is not None)
+        _over(gw, agent, f"agent {agent.name!r} is over its rate limit ({limits})", wait, record)
+
+
+async def charge_feedback(gw: Gateway, agent: AgentConfig) -> None:
+    """Take one verdict from the agent's feedback bucket (``rpm`` verdicts a minute, apart from its requests': a
+    verdict per answer costs none of its serving), or raise Overloaded."""
+    if agent.rpm is None:
         return
+    wait = await gw.state.take_tokens(f"{agent.name}/feedback", 1, 0, agent.rpm, None)  # "/": in no agent's name
+    if wait > 0:
+        _over(gw, agent, f"agent {agent.name!r} is over its feedback limit (rpm {agent.rpm})", wait)
+
+
+def _over(gw: Gateway, agent: AgentConfig, what: str, wait: float, record: RequestRecord | None = None) -> None:
     gw.metrics.rejections.labels(agent.name, "rate_limit").inc()
     if record is not None:
         record.error = "Overloaded"
-    limits = ", ".join(f"{k} {v}" for k, v in (("rpm", agent.rpm), ("tpm", agent.tpm)) if v is not None)
-    raise Overloaded(f"agent {agent.name!r} is over its rate limit ({limits}); retry after {wait:.1f} s",
-                     retry_after_s=math.ceil(wait), code="rate_limit_exceeded")  # fmt: skip
+    raise Overloaded(f"{what}; retry after {wait:.1f} s", retry_after_s=math.ceil(wait), code="rate_limit_exceeded")
 
 
 async def refund_rate_limits(gw: Gateway, features: RequestFeatures) -> None:

@@ -74,6 +74,8 @@ def _sim_settings(b: BackendConfig) -> list[tuple[str, str]]:
         out.append(("scheduling_policy", b.scheduling_policy))
     if b.engine not in (None, "vllm"):
         out.append(("engine", b.engine))
+    if s.runner != "generate":
+        out.append(("runner", s.runner))
     return out
 
 

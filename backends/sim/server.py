@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from backends.listen import listen
 from backends.sim import api, flavours, responses, responses_stream, toolchat
+from backends.sim import pooling as pooling_api
 from backends.sim.api import JSON_HEADERS, SSE_HEADERS, ChunkWriter, Completion
 from backends.sim.choices import abort_on_disconnect, complete_many
 from backends.sim.engine import Engine, Request, Status
@@ -41,6 +42,8 @@ from router.core.errors import ProfileError, SimApiError
 from router.core.profile import Profile, load_profile, positive_int
 from router.core.types import ENGINES
 
+RUNNERS = ("generate", "pooling")  # vLLM's --runner
+
 log = logging.getLogger(__name__)
 
 
@@ -56,6 +59,7 @@ class SimSettings:
     scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: fcfs | priority
     max_model_len: int | None = None  # vLLM's --max-model-len; default = profile's (capped at the KV capacity)
     engine: str = "vllm"  # whose metrics, health and identity endpoints it serves (backends/sim/flavours.py)
+    runner: str = "generate"  # vLLM's --runner: generate (completions) | pooling (embeddings, backends/sim/pooling.py)
 
 
 def check_settings(settings: SimSettings) -> Profile:
@@ -76,6 +80,8 @@ def check_settings(settings: SimSettings) -> Profile:
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         positive_int(name, getattr(settings, name))
     make_queue(settings.scheduling_policy)  # raises on an unknown policy
+    if settings.runner not in RUNNERS:
+        raise ProfileError(f"runner must be one of {', '.join(RUNNERS)}, got {settings.runner!r}", setting="runner")
     if settings.engine not in ENGINES:
         raise ProfileError(f"engine must be one of {', '.join(ENGINES)}, got {settings.engine!r}", setting="engine")
     return profile
@@ -132,7 +138,16 @@ class SimApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         try:
-            if path in (paths.CHAT_COMPLETIONS, paths.COMPLETIONS):
+            pooling = self.settings.runner == "pooling"
+            if pooling and path in (paths.CHAT_COMPLETIONS, paths.COMPLETIONS, paths.RESPONSES):
+                raise not_found()  # a pooling model serves no generation routes
+            if path == paths.EMBEDDINGS and pooling:
+                if method != "POST":
+                    raise SimApiError(405, "Method Not Allowed")
+                body = await _read_body(receive)
+                answer = await pooling_api.embed(self.engine, self.model, self.tokenizer, self.max_model_len, body)
+                await respond(send, 200, answer, JSON_HEADERS)
+            elif path in (paths.CHAT_COMPLETIONS, paths.COMPLETIONS):
                 if method != "POST":
                     raise SimApiError(405, "Method Not Allowed")
                 body = await _read_body(receive)

@@ -57,6 +57,8 @@ class SimSpec(_Frozen):
     """vLLM's `--max-num-seqs` (default: the profile's)."""
     max_num_batched_tokens: PosInt | None = None
     """vLLM's `--max-num-batched-tokens` (default: the profile's)."""
+    runner: Literal["generate", "pooling"] = "generate"
+    """vLLM's `--runner`: a generative model (completions), or a pooling one that serves only `/v1/embeddings`."""
 
 
 class LaunchSpec(_Frozen):

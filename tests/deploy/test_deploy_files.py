@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from router.app import create_app
+from router.checks import exposure
 from router.core.config import Config, parse_config
+from router.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -29,6 +31,8 @@ VLLM_METRICS = {
     "vllm:request_params_max_tokens", "vllm:request_success",
 }  # fmt: skip
 SUFFIXES = ("", "_total", "_bucket", "_sum", "_count", "_created")
+# what the shipped configs read from the environment (compose: deploy/.env; Kubernetes: the Secret chimera-secrets)
+SECRETS = {"CHIMERA_CHAT_KEY": "chat-key", "CHIMERA_ADMIN_KEY": "admin-key", "REDIS_PASSWORD": "0a1b2c"}
 
 
 def _vllm_options(argv: list[str]) -> dict[str, str | bool]:
@@ -58,7 +62,7 @@ def configmap_config() -> Config:
     kustom = docs(DEPLOY / "k8s" / "kustomization.yaml")[0]
     (gen,) = kustom["configMapGenerator"]
     assert gen["name"] == "chimera-config" and gen["files"] == ["config.yaml"]
-    return parse_config((DEPLOY / "k8s" / "config.yaml").read_text(), file="deploy/k8s/config.yaml", env={})
+    return parse_config((DEPLOY / "k8s" / "config.yaml").read_text(), file="deploy/k8s/config.yaml", env=SECRETS)
 
 
 def app_paths(cfg: Config) -> set[str]:
@@ -75,17 +79,73 @@ def test_every_file_parses() -> None:
 @pytest.mark.parametrize("which", ["compose", "k8s"])
 def test_gateway_config_is_valid_and_shared_through_redis(which: str) -> None:
     if which == "compose":
-        cfg = parse_config((DEPLOY / "chimera.yaml").read_text(), file="deploy/chimera.yaml", env={})
+        cfg = parse_config((DEPLOY / "chimera.yaml").read_text(), file="deploy/chimera.yaml", env=SECRETS)
     else:
         cfg = configmap_config()
-    assert cfg.gateway.state.startswith("redis://redis:6379")
+    assert cfg.gateway.state.startswith("redis://:0a1b2c@redis:6379")
     assert cfg.gateway.host == "0.0.0.0" and cfg.gateway.port == 8080
+
+
+def _config_vars(path: Path) -> set[str]:
+    """The ``${VAR}``s a config reads, comments left out."""
+    return {m for line in path.read_text().splitlines() for m in re.findall(r"\$\{(\w+)\}", line.split("#")[0])}
+
+
+@pytest.mark.parametrize("which", ["compose", "k8s"])
+def test_shipped_configs_are_closed_and_read_their_secrets(which: str) -> None:
+    path = DEPLOY / ("chimera.yaml" if which == "compose" else "k8s/config.yaml")
+    assert _config_vars(path) == set(SECRETS)
+    cfg = parse_config(path.read_text(), file=str(path), env=SECRETS)
+    assert exposure(cfg) == []  # keys on every agent, an admin key, a Redis password: nothing to warn of
+    assert all(a.api_keys for a in cfg.agents) and cfg.gateway.default_agent is None
+    with pytest.raises(ConfigError, match=r"environment variable \w+ is not set"):  # a secret left out stops it
+        parse_config(path.read_text(), file=str(path), env={})
+
+
+def test_compose_passes_every_secret_and_keeps_the_rest_on_loopback() -> None:
+    services = docs(DEPLOY / "docker-compose.yaml")[0]["services"]
+    for name, svc in services.items():
+        if svc.get("image") == "chimera-router:latest":  # required (`:?`): compose refuses to start without one
+            assert {k: v.startswith(f"${{{k}:?") for k, v in svc["environment"].items()} == dict.fromkeys(SECRETS, True)
+        for port in svc.get("ports", []):
+            assert svc.get("image") == "chimera-router:latest" or port.startswith("127.0.0.1:"), (name, port)
+    redis = services["redis"]
+    assert "requirepass" in " ".join(redis["entrypoint"]) and "requirepass" not in " ".join(redis.get("command", []))
+    assert redis["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false" and "GF_SECURITY_ADMIN_PASSWORD" in grafana
+    assert services["prometheus"]["secrets"] == ["chimera-admin-key"]
+    secret = docs(DEPLOY / "docker-compose.yaml")[0]["secrets"]["chimera-admin-key"]
+    assert secret == {"environment": "CHIMERA_ADMIN_KEY"}
+
+
+def test_k8s_reads_every_secret_from_one_secret() -> None:
+    deployments = kind(k8s(), "Deployment")
+    keys = {"CHIMERA_CHAT_KEY": "chat-api-key", "CHIMERA_ADMIN_KEY": "admin-key", "REDIS_PASSWORD": "redis-password"}
+
+    def env(name: str) -> dict[str, tuple[str, str]]:
+        (c,) = deployments[name]["spec"]["template"]["spec"]["containers"]
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c.get("env", [])}
+        return {k: (r["name"], r["key"]) for k, r in refs.items()}
+
+    assert env("chimera-gateway") == {k: ("chimera-secrets", v) for k, v in keys.items()}
+    assert env("redis")["REDIS_PASSWORD"] == env("redis")["REDISCLI_AUTH"] == ("chimera-secrets", "redis-password")
+    (redis,) = deployments["redis"]["spec"]["template"]["spec"]["containers"]
+    assert "requirepass" in " ".join(redis["command"]) and "args" not in redis
+
+
+@pytest.mark.parametrize("which", ["compose", "k8s"])
+def test_prometheus_scrapes_the_gateways_with_the_admin_key(which: str) -> None:
+    (job,) = [j for j in prometheus(which)["scrape_configs"] if j["job_name"] == "chimera-gateway"]
+    where = {"compose": "/run/secrets/chimera-admin-key", "k8s": "/etc/prometheus/secrets/chimera-secrets/admin-key"}
+    where = where[which]
+    assert job["authorization"] == {"type": "Bearer", "credentials_file": where}
 
 
 def test_compose_services() -> None:
     compose = docs(DEPLOY / "docker-compose.yaml")[0]
     services = compose["services"]
-    cfg = parse_config((DEPLOY / "chimera.yaml").read_text(), env={})
+    cfg = parse_config((DEPLOY / "chimera.yaml").read_text(), env=SECRETS)
     gateways = [s for s in services.values() if s.get("image") == "chimera-router:latest"]
     assert len(gateways) >= 2 and all("./chimera.yaml:/etc/chimera/config.yaml:ro" in g["volumes"] for g in gateways)
     assert "redis" in services
@@ -160,7 +220,7 @@ def test_prometheus_scrapes_gateways_and_every_worker(which: str) -> None:
         services = docs(DEPLOY / "docker-compose.yaml")[0]["services"]
         gateways = {n for n, s in services.items() if s.get("image") == "chimera-router:latest"}
         assert {t.split(":")[0] for t in static_targets(jobs["chimera-gateway"])} == gateways
-        cfg, suffix = parse_config((DEPLOY / "chimera.yaml").read_text(), env={}), ""
+        cfg, suffix = parse_config((DEPLOY / "chimera.yaml").read_text(), env=SECRETS), ""
     else:
         assert not static_targets(jobs["chimera-gateway"])  # the pods, discovered (test_each_target_...)
         cfg, suffix = configmap_config(), ".chimera.svc"

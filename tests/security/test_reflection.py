@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 from backends.listen import free_port, wait_ready
 from tests.conftest import ServerThread, interrupt, make_config
 from tests.e2e.fakes import FakeWorker
+from tests.redisutil import RedisServer
 
 Start = Callable[..., ServerThread]
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,22 +60,74 @@ def test_a_failed_worker_is_named_not_its_address(
     assert any(str(port) in rec.getMessage() for rec in caplog.records)  # the operator's log has the detail
 
 
-def test_the_state_urls_password_is_never_logged(tmp_path: Path) -> None:
-    port = free_port()
-    cfg = tmp_path / "c.yaml"
+SECRETS = {"redis": "redispw-7f3a9c", "alice": "alicekey-51be07", "bob": "bobkey-c4d2e8",
+           "admin": "adminkey-90ab1f", "worker": "workerkey-3e6d55"}
+
+
+def test_no_secret_reaches_a_log_line_or_an_answer(tmp_path: Path, sim_server: Start) -> None:
+    """Every secret the config holds (the Redis password, agents' keys, the admin key, a worker's key), against
+    every kind of answer (served, streamed, refused, failed, operator endpoints) and every log: the process's
+    output (its start-up line, its warnings, the audit trail) and the request log."""
+    redis_srv = RedisServer("--requirepass", SECRETS["redis"], client={"password": SECRETS["redis"]}).start()
+    worker = sim_server(model="qwen2.5-0.5b", profile="h200-qwen2.5-0.5b")
+    port, dead = free_port(), free_port()
+    cfg, log = tmp_path / "c.yaml", tmp_path / "requests.jsonl"
     cfg.write_text(
-        f"gateway: {{port: {port}, state: 'redis://:s3cretpw@127.0.0.1:6379/0?prefix=pw-test', default_agent: chat}}\n"
-        f"backends:\n  - {{name: w, url: 'http://127.0.0.1:{free_port()}', model: m, kv_budget_tokens: 1000}}\n"
-        "agents:\n  - {name: chat, models: [m]}\n"
+        f"gateway: {{port: {port}, state: 'redis://:${{REDIS_PASSWORD}}@127.0.0.1:{redis_srv.port}/0',\n"
+        f"          admin_key: '${{ADMIN_KEY}}', request_log: '{log}', policy: predictive}}\n"
+        "backends:\n"
+        f"  - {{name: w, url: '{worker.url}', model: qwen2.5-0.5b, kv_budget_tokens: 9999,\n"
+        "     api_key: '${WORKER_KEY}'}\n"
+        f"  - {{name: gone, url: 'http://127.0.0.1:{dead}', model: m2, kv_budget_tokens: 9999,\n"
+        "     api_key: '${WORKER_KEY}'}\n"
+        "agents:\n"
+        "  - {name: alice, api_keys: ['${ALICE_KEY}'], models: [qwen2.5-0.5b]}\n"
+        "  - {name: bob, api_keys: ['${BOB_KEY}'], models: [m2], rpm: 5}\n"
     )  # fmt: skip
+    env = {"REDIS_PASSWORD": SECRETS["redis"], "ADMIN_KEY": SECRETS["admin"], "ALICE_KEY": SECRETS["alice"],
+           "BOB_KEY": SECRETS["bob"], "WORKER_KEY": SECRETS["worker"]}  # fmt: skip
     out = tmp_path / "serve.log"
     with out.open("wb") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)], cwd=ROOT,
-                                stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+                                stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **env})  # fmt: skip
+    url, answers = f"http://127.0.0.1:{port}", []
+    alice, bob = {"authorization": "Bearer " + SECRETS["alice"]}, {"authorization": "Bearer " + SECRETS["bob"]}
+    admin = {"authorization": "Bearer " + SECRETS["admin"]}
     try:
-        wait_ready(f"http://127.0.0.1:{port}/health", 40, proc=proc)
+        wait_ready(url + "/ready", 40, proc=proc)
+        chat = url + "/v1/chat/completions"
+        with httpx.Client(timeout=30) as c:
+            calls = [
+                ("POST", chat, alice, {"model": "auto", "messages": USER, "max_tokens": 8}),
+                ("POST", chat, alice, {"model": "auto", "messages": USER, "max_tokens": 8, "stream": True}),
+                ("POST", chat, {"authorization": "Bearer " + SECRETS["alice"][:-1]}, {"model": "auto"}),  # 401
+                ("POST", chat, {}, {"model": "auto", "messages": USER}),  # 401: no key
+                ("POST", chat, alice, {"model": "m2", "messages": USER}),  # 403/404: not alice's
+                ("POST", chat, alice, {"model": "auto", "messages": "x"}),  # 400
+                ("POST", chat, bob, {"model": "auto", "messages": USER}),  # 502: its worker is gone
+                ("POST", url + "/tokenize", alice, {"model": "auto", "prompt": "hi"}),
+                ("POST", url + "/v1/feedback", alice, {"request_id": "x", "correct": True}),
+                ("GET", url + "/fleet", {}, None), ("GET", url + "/fleet", admin, None),  # 401, then the fleet
+                ("GET", url + "/metrics", admin, None), ("GET", url + "/v1/models", alice, None),
+                ("GET", url + "/fleet", alice, None),  # an agent's key is not the admin key
+            ]  # fmt: skip
+            statuses = []
+            for method, where, headers, body in calls:
+                r = c.request(method, where, headers=headers, json=body)
+                statuses.append(r.status_code)
+                answers.append(r.text + "".join(f"{k}: {v}" for k, v in r.headers.items()))
+        assert statuses[:2] == [200, 200] and statuses[2:4] == [401, 401] and statuses[6] == 502, statuses
+        assert statuses[9:11] == [401, 200] and statuses[13] == 401, statuses
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not (log.exists() and log.read_text().count("\n") >= 3):
+            time.sleep(0.05)
     finally:
         interrupt(proc)
+        redis_srv.remove()
     text = out.read_text()
-    assert "chimera gateway on" in text and "redis://:***@127.0.0.1:6379/0" in text  # the start-up line, redacted
-    assert "s3cretpw" not in text
+    assert "chimera gateway on" in text and f"redis://:***@127.0.0.1:{redis_srv.port}/0" in text  # redacted
+    assert '"agent":"alice"' in text  # the audit trail is in it
+    for where, content in [("the gateway's output", text), ("the request log", log.read_text()),
+                           *((f"answer {i}", a) for i, a in enumerate(answers))]:  # fmt: skip
+        for name, secret in SECRETS.items():
+            assert secret not in content, f"{name}'s secret in {where}"

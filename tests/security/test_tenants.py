@@ -80,3 +80,7 @@ def test_every_path_to_a_worker_and_every_refusal_counts_against_the_rate_limit(
     assert httpx.post(gw.url + "/tokenize", headers=b, json=tok).status_code == 200
     assert httpx.post(gw.url + "/tokenize", headers=b, json=tok).status_code == 429
 
+    # verdicts have a bucket of their own, as many a minute as the agent's rpm: b's spent requests do not block them
+    verdict = {"request_id": "made-up", "correct": True}
+    statuses = [httpx.post(gw.url + "/v1/feedback", headers=b, json=verdict).status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]
