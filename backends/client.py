@@ -190,13 +190,12 @@ class WorkerResponse:
         except TimeoutError:
             raise WorkerTimeout(f"worker {self.backend} did not finish its answer within gateway.timeouts.response_s",
                                 backend=self.backend) from None  # fmt: skip
+        if limit is not None and size > limit and cut_at is None:
+            parts.clear()  # (the error's traceback holds this frame: it must not hold the answer too)
+            raise WorkerProtocolError(f"worker {self.backend} answered more than {limit} bytes "
+                                      "(gateway.max_response_bytes)", backend=self.backend)  # fmt: skip
         body = parts[0] if len(parts) == 1 else b"".join(parts)
-        if limit is None or size <= limit:
-            return body
-        if cut_at is not None:
-            return body[:cut_at]
-        raise WorkerProtocolError(f"worker {self.backend} answered more than {limit} bytes "
-                                  "(gateway.max_response_bytes)", backend=self.backend)  # fmt: skip
+        return body if limit is None or size <= limit else body[:limit]
 
     async def aclose(self) -> None:
         # Closing an unfinished response closes its connection, which is how a worker learns that

@@ -11,7 +11,6 @@ Request or Response objects. Their ClientErrors still leave through the app's ex
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
@@ -49,7 +48,7 @@ def _json(body: bytes) -> Any:
         payload = json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-    if _MAY_HOLD_SURROGATES.search(body) and _has_lone_surrogate(payload):
+    if _may_hold_surrogates(body) and _has_lone_surrogate(payload):
         raise BadRequest("the request body is not valid JSON: it holds a lone UTF-16 surrogate, which is not text",
                          code="invalid_json")  # fmt: skip
     return payload
@@ -57,9 +56,13 @@ def _json(body: bytes) -> Any:
 
 # json.loads lets a lone surrogate through (an escape "\ud800", or its raw bytes, which it decodes
 # with "surrogatepass") as a str that cannot be encoded: nothing downstream (a tokenizer, the
-# predictor's sketch, a log) can use it, so it is refused here, like invalid UTF-8. The pattern is a
-# cheap pre-check: surrogate escapes, UTF-8-encoded surrogates, or a body that is not UTF-8 at all.
-_MAY_HOLD_SURROGATES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]|\A(?:\x00|.\x00|\xff\xfe|\xfe\xff)", re.S)
+# predictor's sketch, a log) can use it, so it is refused here, like invalid UTF-8.
+def _may_hold_surrogates(body: bytes) -> bool:
+    """A cheap pre-check (byte searches, about a millisecond a megabyte at worst): an escape in U+D000..U+DFFF, a
+    UTF-8 lead byte of that range, or a body that is not UTF-8 at all (UTF-16 or -32, by its first bytes)."""
+    if body[:1] == b"\x00" or body[1:2] == b"\x00" or body[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\xed" in body:
+        return True
+    return b"\\" in body and (b"\\ud" in body or b"\\uD" in body)  # (one byte first: far the quicker search)
 
 
 def _has_lone_surrogate(payload: Any) -> bool:

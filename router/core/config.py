@@ -234,9 +234,10 @@ class GatewayConfig(_Frozen):
     max_header_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
     """A request head (its request line and headers) larger than this is answered 431 and its connection closed,
     before anything reads it: checked as the bytes arrive, so a huge header never fills the gateway's memory."""
-    max_response_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
-    """A worker's non-streamed answer larger than this is refused as a broken answer (502, or the next worker):
-    read as it arrives, never held whole. A worker's error body is read to its first 64 KiB only."""
+    max_response_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
+    """A worker's non-streamed answer larger than this is refused as a broken answer (502, or the next worker), as
+    soon as its bytes pass it: what the gateway holds of one answer at most. Raise it for large embedding batches or
+    answers with many logprobs. A worker's error body is read to its first 64 KiB only."""
     max_event_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     """A streamed answer's event (an SSE event: up to its blank line) larger than this ends the stream with an error
     event: the gateway holds one event at most."""

@@ -1,14 +1,11 @@
 """Attacks by request head, against a real `chimera serve` on loopback (its own process, so its memory is its own):
-a header far past ``gateway.max_header_bytes`` is answered 431 as it arrives, and the gateway neither grows nor
-slows other callers meanwhile."""
+a header far past ``gateway.max_header_bytes`` is answered 431 as it arrives, and the gateway does not grow."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,44 +69,16 @@ def send_raw(url: str, head: bytes, chunk: int = 1 << 16, total: int = 0) -> byt
         return answer
 
 
-@pytest.mark.quiet  # (it times another caller against its idle latency)
 def test_a_huge_header_is_431_as_it_arrives_and_costs_nothing(gateway: tuple[str, subprocess.Popen[bytes]]) -> None:
+    """(What it costs other callers' latency: test_attack_suite.py, where nothing else runs.)"""
     url, proc = gateway
     idle = rss_mb(proc.pid)
-    latencies: list[float] = []
-    stop = threading.Event()
-
-    def other_caller() -> None:
-        with httpx.Client(timeout=10) as client:
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                assert client.get(url + "/health").status_code == 200
-                latencies.append(time.perf_counter() - t0)
-                time.sleep(0.01)
-
-    baseline = []
-    with httpx.Client(timeout=10) as client:
-        for _ in range(200):
-            t0 = time.perf_counter()
-            client.get(url + "/health")
-            baseline.append(time.perf_counter() - t0)
-    t = threading.Thread(target=other_caller)
-    t.start()
-    answers = []
-    try:
-        while len(answers) < 10 or len(latencies) < 200:  # attacks, one after another, while the other caller runs
-            answers.append(send_raw(url, b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: ", total=32 << 20))
-    finally:
-        stop.set()
-        t.join()
-    for answer in answers:
+    for _ in range(5):
+        answer = send_raw(url, b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: ", total=32 << 20)
         assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
         assert b'"code": "request_header_fields_too_large"' in answer and b"16384 bytes" in answer
     assert rss_mb(proc.pid) - idle < 50  # it was never buffered
-    # the other caller's p99 stays within 2x of its idle p99 (or of 12.5 ms, below which loopback timing on a busy
-    # machine is noise: one 32 MB head held whole would cost far more)
-    p99 = sorted(latencies)[int(0.99 * len(latencies))]
-    assert p99 < 2 * max(sorted(baseline)[int(0.99 * len(baseline))], 0.0125), (p99, sorted(baseline)[-5:])
+    assert httpx.get(url + "/health").status_code == 200
 
 
 def test_many_headers_and_a_long_url_count_too(gateway: tuple[str, subprocess.Popen[bytes]]) -> None:
