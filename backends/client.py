@@ -95,6 +95,7 @@ class WorkerResponse:
         self._between_s = between_chunks_s
         self.max_bytes: int | None = None  # the most read_rest() takes (WorkerClient sets gateway.max_response_bytes)
         self.deadline: float | None = None  # the loop time by which read_rest() has it all (a non-streamed answer)
+        self.stream_deadline: float | None = None  # the loop time by which a stream must have ended
 
     @classmethod
     def from_aiohttp(cls, backend: str, response: aiohttp.ClientResponse, between_chunks_s: float) -> WorkerResponse:
@@ -152,16 +153,17 @@ class WorkerResponse:
         at its end."""
         if self.ended:
             return None
+        until = asyncio.get_running_loop().time() + self._between_s
+        ends = self.stream_deadline is not None and self.stream_deadline < until
         try:
-            async with asyncio.timeout(self._between_s):
+            async with asyncio.timeout_at(self.stream_deadline if ends else until):
                 chunk = await self._read()
         except TimeoutError as exc:
             if isinstance(exc, aiohttp.ClientError):  # aiohttp's socket timeout is a TimeoutError too
                 raise _translate(httpx_error(exc), self.backend, before_first_byte=False) from exc
-            raise WorkerTimeout(
-                f"worker {self.backend} sent nothing for {self._between_s:g}s mid-response",
-                backend=self.backend, before_first_byte=False,
-            ) from exc  # fmt: skip
+            said = (f"worker {self.backend} did not end its stream within gateway.timeouts.stream_s" if ends else
+                    f"worker {self.backend} sent nothing for {self._between_s:g}s mid-response")  # fmt: skip
+            raise WorkerTimeout(said, backend=self.backend, before_first_byte=False) from exc
         except aiohttp.ClientError as exc:
             raise _translate(httpx_error(exc), self.backend, before_first_byte=False) from exc
         except httpx.HTTPError as exc:
@@ -235,6 +237,8 @@ class WorkerClient:
         opened.max_bytes = self._max_bytes
         if not stream:  # a non-streamed answer is whole within response_s, however its bytes trickle
             opened.deadline = deadline
+        else:  # and a stream ends within stream_s, however it trickles
+            opened.stream_deadline = deadline - limit + self._timeouts.stream_s
         if opened.status_code >= 500:
             await self._raise_status(opened)
         if opened.status_code < 300 and not opened.first_chunk:

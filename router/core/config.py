@@ -196,6 +196,9 @@ class Timeouts(_Frozen):
     """Streamed requests: between two chunks."""
     response_s: PosFloat = 600.0
     """Non-streamed requests: the whole answer, from when it was sent, however its bytes trickle."""
+    stream_s: PosFloat = 1800.0
+    """Streamed requests: the whole stream, from when it was sent; past it the stream ends with an error event (a
+    stream kept open a byte at a time would hold its worker's slot and its reservation for ever)."""
 
 
 class HealthConfig(_Frozen):

@@ -29,7 +29,7 @@ PIECE = b"x" * (1 << 20)
 async def broken_worker(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """By the request's model: ``huge`` a 40 MB JSON answer, ``huge5xx`` a 40 MB 500, ``endless`` one SSE event of
     40 MB with no blank line, ``fakedone`` a stream whose text says ``[DONE]`` and that then breaks off, ``trickle`` a
-    byte every 0.1 s."""
+    byte every 0.1 s, ``dripstream`` an event every 0.1 s."""
     if scope["type"] == "lifespan":
         while (await receive())["type"] != "lifespan.shutdown":
             await send({"type": "lifespan.startup.complete"})
@@ -46,7 +46,7 @@ async def broken_worker(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if not message.get("more_body"):
             break
     model = json.loads(body)["model"]
-    kind = b"text/event-stream" if model in ("endless", "fakedone") else b"application/json"
+    kind = b"text/event-stream" if model in ("endless", "fakedone", "dripstream") else b"application/json"
     status = 500 if model == "huge5xx" else 200
     await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", kind)]})
     if model == "trickle":  # a byte every 0.1 s, for ever: each within the between-chunk timeout
@@ -55,6 +55,14 @@ async def broken_worker(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await asyncio.sleep(0.1)
             await send({"type": "http.response.body", "body": b"x", "more_body": True})
         await send({"type": "http.response.body", "body": b'"}', "more_body": False})
+        return
+    if model == "dripstream":  # an event every 0.1 s, for ever: each within the between-chunk timeout
+        event = {"choices": [{"index": 0, "delta": {"content": "x"}}]}
+        for _ in range(600):
+            await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
+                        "more_body": True})  # fmt: skip
+            await asyncio.sleep(0.1)
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
         return
     if model == "fakedone":
         event = {"choices": [{"index": 0, "delta": {"content": "the stream ends with data: [DONE]"}}]}
@@ -72,7 +80,7 @@ async def broken_worker(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
     tmp = tmp_path_factory.mktemp("broken")
-    models = ["huge", "huge5xx", "endless", "fakedone", "trickle"]
+    models = ["huge", "huge5xx", "endless", "fakedone", "trickle", "dripstream"]
     workers = [ServerThread(broken_worker, log_level="critical").start() for _ in models]  # (a URL is one backend's)
     port = free_port()
     backends = "".join(f"  - {{name: {m}, url: '{w.url}', model: {m}, kv_budget_tokens: 100000}}\n"
@@ -81,7 +89,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, sub
     cfg = tmp / "gw.yaml"
     cfg.write_text(
         f"gateway: {{port: {port}, policy: least_outstanding, default_agent: chat, max_attempts: 1,\n"
-        "          timeouts: {response_s: 2},\n"
+        "          timeouts: {response_s: 2, stream_s: 2},\n"
         f"          max_response_bytes: 4194304, max_event_bytes: 1048576, request_log: '{tmp}/requests.jsonl'}}\n"
         f"backends:\n{backends}agents:\n  - {{name: chat, models: [{', '.join(models)}]}}\n"
     )  # fmt: skip
@@ -139,3 +147,15 @@ def test_an_answer_trickled_byte_by_byte_ends_at_its_deadline(
     assert r.status_code == 504 and "response_s" in r.json()["error"]["message"]
     assert time.monotonic() - t0 < 5
 
+
+
+def test_a_stream_kept_open_event_by_event_ends_at_its_deadline(
+    gateway: tuple[str, subprocess.Popen[bytes], Path],
+) -> None:
+    url, _, _ = gateway
+    t0 = time.monotonic()
+    r = ask(url, "dripstream", stream=True)
+    events = [line for line in r.text.splitlines() if line.startswith("data: ")]
+    assert len(events) > 5 and "gateway.timeouts.stream_s" in events[-1]
+    assert json.loads(events[-1][6:])["error"]["code"] == "upstream_timeout"
+    assert time.monotonic() - t0 < 5
