@@ -94,6 +94,7 @@ class WorkerResponse:
         self._more = True
         self._between_s = between_chunks_s
         self.max_bytes: int | None = None  # the most read_rest() takes (WorkerClient sets gateway.max_response_bytes)
+        self.held: HeldBytes | None = None  # what every answer being read holds together (gateway.max_buffered_bytes)
         self.deadline: float | None = None  # the loop time by which read_rest() has it all (a non-streamed answer)
         self.stream_deadline: float | None = None  # the loop time by which a stream must have ended
 
@@ -184,14 +185,23 @@ class WorkerResponse:
         many bytes and stop reading there (an error's body, of which only the message is wanted)."""
         limit = cut_at if cut_at is not None else self.max_bytes
         parts, size = [self.first_chunk], len(self.first_chunk)
+        held = self.held if self.held is not None else HeldBytes(None)
+        held.take(size)
         try:
             async with asyncio.timeout_at(self.deadline):  # (None: no deadline but each chunk's)
                 while (limit is None or size <= limit) and (chunk := await self.next_chunk()) is not None:
                     parts.append(chunk)
                     size += len(chunk)
+                    if not held.take(len(chunk)):
+                        parts.clear()
+                        raise WorkerProtocolError(f"worker {self.backend}'s answer was refused: the gateway holds "
+                                                  f"{held.limit} bytes of answers being read (gateway.max_buffered_"
+                                                  "bytes)", backend=self.backend)  # fmt: skip
         except TimeoutError:
             raise WorkerTimeout(f"worker {self.backend} did not finish its answer within gateway.timeouts.response_s",
                                 backend=self.backend) from None  # fmt: skip
+        finally:
+            held.give(size)
         if limit is not None and size > limit and cut_at is None:
             parts.clear()  # (the error's traceback holds this frame: it must not hold the answer too)
             raise WorkerProtocolError(f"worker {self.backend} answered more than {limit} bytes "
@@ -205,16 +215,34 @@ class WorkerResponse:
         await self._close()
 
 
+class HeldBytes:
+    """The bytes every non-streamed answer being read holds together, against ``limit`` (None: no limit)."""
+
+    __slots__ = ("limit", "now")
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit, self.now = limit, 0
+
+    def take(self, n: int) -> bool:
+        """Count ``n`` more; False where that passes the limit (they are counted all the same: give them back)."""
+        self.now += n
+        return self.limit is None or self.now <= self.limit
+
+    def give(self, n: int) -> None:
+        self.now -= n
+
+
 class WorkerClient:
     """Sends requests to workers over an injected pooled client (not owned: the caller closes it).
     ``direct``: that client's :class:`AiohttpTransport`, where it has one (what :func:`make_http_client`
     builds); requests then go straight through it, past httpx's objects."""
 
     def __init__(self, client: httpx.AsyncClient, timeouts: Timeouts, direct: AiohttpTransport | None = None,
-                 max_response_bytes: int | None = None) -> None:  # fmt: skip
+                 max_response_bytes: int | None = None, max_buffered_bytes: int | None = None) -> None:  # fmt: skip
         self._client = client
         self._timeouts = timeouts
         self._max_bytes = max_response_bytes
+        self._held = HeldBytes(max_buffered_bytes)
         self._direct = direct
         self._direct_timeout = direct.timeout(client.timeout.as_dict()) if direct is not None else None
         self._urls: dict[tuple[str, str], tuple[httpx.URL, bytes]] = {}  # (URL, Host) per worker and path
@@ -234,7 +262,7 @@ class WorkerClient:
         opened = await (self._open_direct if self._direct is not None else self._open_httpx)(
             backend, path, body, headers, limit
         )
-        opened.max_bytes = self._max_bytes
+        opened.max_bytes, opened.held = self._max_bytes, self._held
         if not stream:  # a non-streamed answer is whole within response_s, however its bytes trickle
             opened.deadline = deadline
         else:  # and a stream ends within stream_s, however it trickles

@@ -94,7 +94,8 @@ def create_app(
                 stack.push_async_callback(runtime.close)
             gateway = Gateway(
                 config=config,
-                workers=WorkerClient(client, config.gateway.timeouts, direct, config.gateway.max_response_bytes),
+                workers=WorkerClient(client, config.gateway.timeouts, direct, config.gateway.max_response_bytes,
+                                     config.gateway.max_buffered_bytes),
                 state=fleet,
                 policy=chosen,
                 policy_name=policy_name,

@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -241,6 +241,10 @@ class GatewayConfig(_Frozen):
     """A worker's non-streamed answer larger than this is refused as a broken answer (502, or the next worker), as
     soon as its bytes pass it: what the gateway holds of one answer at most. Raise it for large embedding batches or
     answers with many logprobs. A worker's error body is read to its first 64 KiB only."""
+    max_buffered_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
+    """What the gateway holds at most of all the non-streamed answers it is reading at once: an answer that would take
+    it past is refused as a broken one (502, or the next worker), so that many large answers at once cannot exhaust
+    the gateway's memory. At least `max_response_bytes`."""
     max_event_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     """A streamed answer's event (an SSE event: up to its blank line) larger than this ends the stream with an error
     event: the gateway holds one event at most."""
@@ -284,6 +288,13 @@ class GatewayConfig(_Frozen):
         except ConfigError as exc:
             raise ValueError(exc.message) from None
         return v
+
+    @model_validator(mode="after")
+    def _holds_one_answer(self) -> Self:
+        if self.max_buffered_bytes < self.max_response_bytes:
+            raise ValueError(f"max_buffered_bytes ({self.max_buffered_bytes}) must hold one answer of "
+                             f"max_response_bytes ({self.max_response_bytes}): raise it too")  # fmt: skip
+        return self
 
 
 @dataclass(frozen=True)
