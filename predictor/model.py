@@ -256,7 +256,7 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         rated = [s for s in samples if s.score is not None]
         quality = clone(self.quality if self.quality is not None else QualityModel())
         self.quality_ = quality.fit(
-            term_matrix([s.features.terms for s in rated], np.asarray([_quality_extras(s.features) for s in rated]),
+            term_matrix([s.features.terms for s in rated], np.asarray([quality_extras(s.features) for s in rated]),
                         quality.n_terms),
             np.asarray([s.score for s in rated]),
             models=[s.view.model for s in rated],
@@ -381,7 +381,7 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
             output[:, 1] = np.maximum(np.minimum(pred[:, 0, 1] * self.output_factor_, cap), output[:, 0])
         remaining = np.where(np.isnan(pred[:, 1, 0]), output[:, 0], pred[:, 1, 0])
         priors_q = X_lat[:, QUALITY_COLUMN]  # the profiles' quality, as latency_matrix copied it
-        quality = self.quality_.predict_proba(valid, _quality_extras(features), features.agent, models, priors_q,
+        quality = self.quality_.predict_proba(valid, quality_extras(features), features.agent, models, priors_q,
                                               in_range=self.quality_.n_terms >= N_TERMS)  # fmt: skip
         return _assemble(prior, output, remaining, quality, learned)
 
@@ -425,7 +425,7 @@ class Predictor(BaseEstimator):  # type: ignore[misc]
         return {"load_edges": list(self.load_edges_), **factors}
 
 
-def _quality_extras(f: RequestFeatures) -> Array:
+def quality_extras(f: RequestFeatures) -> Array:
     """The quality model's dense inputs beside the task terms: the prompt's size (longer tasks are
     harder) and the workflow stage (a later round of a workflow)."""
     stage = -0.25 if f.workflow_stage is None else min(f.workflow_stage, 8) / 4.0

@@ -18,7 +18,7 @@ from predictor.dataset import read_logs, samples
 from predictor.forest import PackedForest
 from predictor.latency import LatencyModel
 from predictor.length import OutputLengthModel
-from predictor.model import Predictor, _quality_extras
+from predictor.model import Predictor, quality_extras
 from predictor.quality import QualityModel, term_matrix
 from router.core.errors import ArtifactError
 from tests.predictor.synth import records
@@ -69,7 +69,7 @@ def test_fit_returns_self_and_learns_state(fitted: Predictor) -> None:
 def test_quality_learns_from_feedback(fitted: Predictor) -> None:
     s = samples(records(1))[0]
     f = s.features
-    q = fitted.quality_.predict_proba(f.terms, _quality_extras(f), f.agent, ["qwen2.5-7b", "qwen2.5-0.5b", "unseen"],
+    q = fitted.quality_.predict_proba(f.terms, quality_extras(f), f.agent, ["qwen2.5-7b", "qwen2.5-0.5b", "unseen"],
                                       np.asarray([0.5, 0.5, 0.42]))  # fmt: skip
     assert q[0] > 0.7 and q[1] < 0.3 and q[2] == 0.42
 
