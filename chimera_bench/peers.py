@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -33,7 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,7 @@ from router.core.errors import ChimeraError, ConfigError
 PEERS_EXTRA = "pip install 'chimera-router[peers]'"
 LITELLM_KEY = "sk-chimera-bench"  # the proxy's master key: LiteLLM refuses to start without one
 READY_S = 120.0  # LiteLLM imports for about 10 s on a busy 2-core machine
+PORT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -179,11 +181,12 @@ def running(spec: str, cfg: Config, logs: Path, tag: str, cpu: int | None = None
     fronts: dict[str, str] = {}
     commands: list[list[str]] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ready = "/health/liveliness" if kind.name == "litellm" else "/readiness"
     try:
         fallbacks: dict[str, str] = {}
+        makers: list[tuple[str, Callable[[int], list[str]]]] = []  # (the model it fronts, "": all), its command
         if kind.per_model:
             for model in dict.fromkeys(first_model(cfg, a.models) for a in cfg.agents):
-                port = free_port()
                 workers = [b.url.rstrip("/") for b in cfg.backends if b.model == model]
                 used = model_policy(kind, policy, len(workers))
                 if used != policy:
@@ -191,23 +194,20 @@ def running(spec: str, cfg: Config, logs: Path, tag: str, cpu: int | None = None
                     print(f"{kind.name} {policy} needs {MIN_WORKERS[policy]} workers and {model} has {len(workers)}: "
                           f"its router runs {used} (every request to its one worker, whatever the policy)",
                           file=sys.stderr)  # fmt: skip
-                commands.append(rust_command(kind, used, port, workers))
-                fronts[model] = f"http://127.0.0.1:{port}"
+                makers.append((model, functools.partial(rust_command, kind, used, workers=workers)))
         else:
             conf = logs / f"litellm-{tag}.json"  # YAML is a superset of JSON: the proxy reads it as its config
             conf.write_text(json.dumps(litellm_config(cfg, policy), indent=1) + "\n", encoding="utf-8")
-            port = free_port()
-            commands.append(litellm_command(conf, port))
-            fronts[""] = f"http://127.0.0.1:{port}"
+            makers.append(("", functools.partial(litellm_command, conf)))
             env.update(LITELLM_ENV)
+        for model, make in makers:
+            log = logs / f"peer-{tag}-{len(procs)}.log"
+            proc, url, cmd = _start(make, ready, log, cpu, env)
+            procs.append((proc, url, log))
+            commands.append(cmd)
+            fronts[model] = url
         said = {"peer": spec, "commands": commands, **({"fallbacks": fallbacks} if fallbacks else {})}
         (logs / f"peer-{tag}.json").write_text(json.dumps(said, indent=1) + "\n")
-        for cmd, url in zip(commands, fronts.values(), strict=True):
-            log = logs / f"peer-{tag}-{len(procs)}.log"
-            procs.append((gateway_proc.start(cmd, log, cpu, env), url, log))
-        for proc, url, log in procs:
-            wait_ready(url + ("/health/liveliness" if kind.name == "litellm" else "/readiness"), READY_S,
-                       proc=proc, log_file=log)  # fmt: skip
         if kind.per_model:  # ready with one worker registered: wait for all of them
             for (proc, url, log), model in zip(procs, fronts, strict=True):
                 _wait_workers(kind, url, sum(b.model == model for b in cfg.backends), proc, log)
@@ -216,6 +216,26 @@ def running(spec: str, cfg: Config, logs: Path, tag: str, cpu: int | None = None
     finally:
         for proc, _, _ in procs:
             gateway_proc.stop(proc)
+
+
+def _start(make: Callable[[int], list[str]], ready: str, log: Path, cpu: int | None,
+           env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str, list[str]]:  # fmt: skip
+    """A peer's process on a free port, once it answers ``ready``; on another port where the one it was given was
+    taken before it could listen (a free port is only free until someone binds it)."""
+    for attempt in range(PORT_ATTEMPTS):
+        port = free_port()
+        cmd = make(port)
+        proc = gateway_proc.start(cmd, log, cpu, env)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(url + ready, READY_S, proc=proc, log_file=log)
+            return proc, url, cmd
+        except ChimeraError:
+            gateway_proc.stop(proc)
+            taken = "address already in use" in log.read_text(encoding="utf-8", errors="replace").lower()
+            if not taken or attempt == PORT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _wait_workers(kind: PeerKind, url: str, n: int, proc: subprocess.Popen[bytes], log: Path) -> None:
