@@ -26,11 +26,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse._SubParsersAction[argp
                    help="--log: fit on the first 1-H of the log (by arrival) and report accuracy on the rest")
     t.add_argument("--folds", type=int, default=0,
                    help="--dataset: first report K-fold accuracy on prompts held out of each fit (0: none)")
+    t.add_argument("--models", help="--dataset: only these models' answers (comma-separated)")
     t.add_argument("--json", action="store_true", help="print the report as JSON")
     e = sub.add_parser("eval", help="report a predictor's accuracy on request logs or outcome files")
     src = e.add_mutually_exclusive_group(required=True)
     src.add_argument("--log", action="append", help="request log (JSON lines); may repeat")
     src.add_argument("--dataset", action="append", help="outcome file (JSON lines); may repeat")
+    e.add_argument("--models", help="--dataset: only these models' answers (comma-separated)")
     e.add_argument("--model", required=True, help="a predictor file, or 'prior' for the untrained analytic prior")
     e.add_argument("--json", action="store_true", help="print the report as JSON")
     return sub  # fmt: skip
@@ -70,6 +72,14 @@ def _table(title: str, scores: dict[str, Any]) -> None:
     for model in scores["auc"]:
         cells = ("-" if scores[m][model] is None else f"{scores[m][model]:g}" for m in metrics)
         print(f"  {model:32} " + " ".join(f"{c:>11}" for c in cells))
+    f = scores.get("frontier")
+    if f:
+        print(f"  frontier ({f['prompts']} prompts; cost: {f['cost']}):")
+        for m, v in f["single"].items():
+            print(f"    {m:32} alone {v['success']:.3f} at {v['cost']:g}; random mixes {f['random'][m]:.3f}, "
+                  f"the router {f['router_at'][m]:.3f}, recovering {f['recovered'][m]} of the gap to the oracle")
+        print(f"    oracle {f['oracle']['success']:.3f} at {f['oracle']['cost']:g}; the router reaches 99 % of the "
+              f"best single model's success at {f['reaches_best']}")  # fmt: skip
 
 
 def _estimator(name: str) -> Any:
@@ -99,12 +109,14 @@ def _run_dataset(args: argparse.Namespace) -> int:
     from predictor.outcomes import read_outcomes
 
     outcomes = read_outcomes(args.dataset)
+    if args.models:
+        outcomes = offline.only(outcomes, [m.strip() for m in args.models.split(",") if m.strip()])
     tasks = sorted({o.task for o in outcomes})
     if args.predictor_command == "eval":
         models = sorted({m for o in outcomes for m in o.answers})
         quality, length = offline.predicted(_estimator(args.model), outcomes, models)
-        _report({"scores": _by_metric(offline.scores(outcomes, models, quality, length), len(outcomes), tasks)},
-                args.json)  # fmt: skip
+        scores = _by_metric(offline.scores(outcomes, models, quality, length), len(outcomes), tasks)
+        _report({"scores": {**scores, "frontier": offline.frontier(outcomes, models, quality, length)}}, args.json)
         return 0
     if args.folds == 1 or args.folds < 0 or args.folds > len(outcomes):
         raise ConfigError(f"must be 0 or from 2 to the number of prompts ({len(outcomes)})", key="--folds")
@@ -116,8 +128,9 @@ def _run_dataset(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with threadpool_limits(limits=1, user_api="openmp"):
         if args.folds:
-            per_model = offline.cross_validate(outcomes, args.folds)[0]
-            report["held_out"] = _by_metric(per_model, len(outcomes), tasks)
+            per_model, quality, length, models = offline.cross_validate(outcomes, args.folds)
+            report["held_out"] = {**_by_metric(per_model, len(outcomes), tasks),
+                                  "frontier": offline.frontier(outcomes, models, quality, length)}  # fmt: skip
         model = offline.fit(outcomes)
     header = artifact.save(model, args.out, {"samples": model.n_samples_, "datasets": [str(p) for p in args.dataset]})
     report = {"trained_on": {"prompts": len(outcomes), "answers": model.n_samples_, "tasks": tasks},

@@ -15,7 +15,10 @@ Kendall tau against the real lengths.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import itertools
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,13 @@ from router.core.types import BackendView, RequestFeatures
 CHARS_PER_TOKEN = 4.0  # a prompt's length where the file does not give it (English text in a BPE vocabulary)
 ECE_BINS = 10
 C_GRID = (0.01, 0.03, 0.1, 0.5)  # the quality model's regularisation, chosen among by cross-validation
+
+
+def only(outcomes: Sequence[Outcome], models: Sequence[str]) -> list[Outcome]:
+    """``outcomes`` with only ``models``' answers (prompts none of them answered left out)."""
+    keep = set(models)
+    out = [dataclasses.replace(o, answers={m: a for m, a in o.answers.items() if m in keep}) for o in outcomes]
+    return [o for o in out if o.answers]
 
 
 def features_of(o: Outcome) -> RequestFeatures:
@@ -160,3 +170,94 @@ def cross_validate(outcomes: Sequence[Outcome], folds: int = 5, predictor: Predi
 
 def _round(v: float) -> float:
     return round(float(v), 4)
+
+
+def model_size_b(name: str) -> float | None:
+    """A model's size in billions of parameters as its name says it (``Qwen2.5-72B-Instruct``: 72), else None."""
+    m = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z])", name)
+    return float(m.group(1)) if m else None
+
+
+def frontier(outcomes: Sequence[Outcome], models: Sequence[str], quality: np.ndarray, length: np.ndarray,
+             points: int = 41) -> dict[str, Any]:  # fmt: skip
+    """Success against mean cost per answer — cost: the model's size (B parameters) x its answer's tokens, in
+    B-parameter-tokens; the real tokens for what was served, the predicted p50 for choosing — over the prompts every
+    one of ``models`` answered (each needs a size in its name):
+
+    ``single``: each model alone; ``oracle``: the cheapest model that answers right (the cheapest at all where none
+    does); ``router``: per prompt the model with the most P(correct) - lambda x predicted cost, as lambda sweeps
+    ``points`` values from 0 (a success at any price) up; ``random``: at each single model's cost, the success of
+    sending each prompt to one of two models at random in the mix that costs that much (the single models'
+    chord); ``recovered``: at each single model's cost, the share of the gap between the best of single models and
+    random mixes there and the oracle that the router closes; ``reaches_best``: the least cost at which the router
+    is at least 99 % as successful as the most successful single model, and that cost as a share of its."""
+    sizes = [model_size_b(m) for m in models]
+    cols = [j for j, s in enumerate(sizes) if s is not None]
+    rows = [i for i, o in enumerate(outcomes) if all(models[j] in o.answers for j in cols)]
+    if len(cols) < 2 or not rows:
+        return {}
+    names = [models[j] for j in cols]
+    size = np.asarray([sizes[j] for j in cols], dtype=np.float64)
+    right = np.asarray([[outcomes[i].answers[m].score >= 0.5 for m in names] for i in rows])
+    cost = np.asarray([[outcomes[i].answers[m].output_tokens for m in names] for i in rows]) * size / 1000.0
+    p, guess = quality[np.ix_(rows, cols)], length[np.ix_(rows, cols)] * size / 1000.0
+    single = {m: (float(right[:, k].mean()), float(cost[:, k].mean())) for k, m in enumerate(names)}
+    cheapest_right = np.where(right, cost, np.inf).argmin(axis=1)
+    pick = np.where(right.any(axis=1), cheapest_right, cost.argmin(axis=1))
+    at = np.arange(len(rows))
+    oracle = (float(right[at, pick].mean()), float(cost[at, pick].mean()))
+    scale = float(np.median(guess)) or 1.0
+    curve = []
+    for lam in np.concatenate([[0.0], np.geomspace(1e-3, 10.0, points - 1)]) / scale:
+        choice = (p - lam * guess).argmax(axis=1)
+        curve.append((float(right[at, choice].mean()), float(cost[at, choice].mean()), float(lam)))
+    curve.sort(key=lambda c: c[1])
+    hull = _chord(sorted(single.values(), key=lambda v: v[1]))
+
+    def router_at(c: float) -> float:  # the most success the router has at no more than cost c
+        return max((s for s, k, _ in curve if k <= c * (1 + 1e-9)), default=float("nan"))
+
+    recovered = {}
+    for m, (_, c_m) in single.items():
+        base = hull(c_m)
+        recovered[m] = _share(router_at(c_m) - base, oracle[0] - base)
+    best_s, best_c = max(single.values())
+    reach = min((k for s, k, _ in curve if s >= 0.99 * best_s), default=None)
+    return {
+        "cost": "model size (B parameters) x answer tokens / 1000",
+        "prompts": len(rows),
+        "single": {m: {"success": _round(s), "cost": _round(c)} for m, (s, c) in single.items()},
+        "oracle": {"success": _round(oracle[0]), "cost": _round(oracle[1])},
+        "router": [{"success": _round(s), "cost": _round(k), "lambda": _round(lam)} for s, k, lam in curve],
+        "random": {m: _round(hull(c)) for m, (_, c) in single.items()},
+        "router_at": {m: _round(router_at(c)) for m, (_, c) in single.items()},
+        "recovered": recovered,
+        "reaches_best": None if reach is None else {"cost": _round(reach), "share_of_its_cost": _round(reach / best_c)},
+    }
+
+
+def _chord(points: list[tuple[float, float]]) -> Callable[[float], float]:
+    """Success at cost c of a random mix of two single models (the upper hull of (cost, success) points)."""
+    hull: list[tuple[float, float]] = []
+    for s, c in sorted(points, key=lambda v: v[1]):
+        while len(hull) >= 2 and _cross(hull[-2], hull[-1], (c, s)) >= 0:
+            hull.pop()
+        hull.append((c, s))
+
+    def at(c: float) -> float:
+        if c <= hull[0][0]:
+            return hull[0][1]
+        for (c0, s0), (c1, s1) in itertools.pairwise(hull):
+            if c <= c1:
+                return s0 + (s1 - s0) * (c - c0) / (c1 - c0) if c1 > c0 else max(s0, s1)
+        return max(s for _, s in hull)
+
+    return at
+
+
+def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+
+def _share(got: float, room: float) -> float | None:
+    return None if room <= 0 or not np.isfinite(got) else _round(got / room)

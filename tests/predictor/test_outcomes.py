@@ -30,8 +30,8 @@ def write_outcomes(path: Path, n: int, seed: int) -> Path:
         task = "math" if i % 2 else "code"
         lines.append(json.dumps({
             "id": f"{seed}-{i}", "task": task, "prompt": " ".join(words),
-            "models": {"small": {"correct": small, "output_tokens": 400 + 300 * hard + rng.randint(0, 40)},
-                       "big": {"correct": big, "output_tokens": 200 + rng.randint(0, 40)}},
+            "models": {"small-1B": {"correct": small, "output_tokens": 400 + 300 * hard + rng.randint(0, 40)},
+                       "big-10B": {"correct": big, "output_tokens": 200 + rng.randint(0, 40)}},
         }))  # fmt: skip
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -68,14 +68,22 @@ def test_quality_and_length_learned_from_outcomes_hold_on_new_prompts(
     report = json.loads(capsys.readouterr().out)
     assert report["trained_on"] == {"prompts": 400, "answers": 800, "tasks": ["code", "math"]}
     held = report["held_out"]
-    assert held["auc"]["small"] > 0.8 and held["auc"]["big"] > 0.7 and held["brier"]["small"] < 0.15, held
-    assert held["length_tau"]["small"] > 0.4 and held["length_mape"]["big"] < 0.3
+    assert held["auc"]["small-1B"] > 0.8 and held["auc"]["big-10B"] > 0.7 and held["brier"]["small-1B"] < 0.15, held
+    assert held["length_tau"]["small-1B"] > 0.4 and held["length_mape"]["big-10B"] < 0.3
     assert main(["predictor", "eval", "--dataset", str(new), "--model", str(model), "--json"]) == 0
     scores = json.loads(capsys.readouterr().out)["scores"]
-    assert scores["prompts"] == 150 and scores["auc"]["small"] > 0.8 and scores["length_mape"]["small"] < 0.3
+    assert scores["prompts"] == 150 and scores["auc"]["small-1B"] > 0.8 and scores["length_mape"]["small-1B"] < 0.3
+    # routing on it: the small model where no hard word is, the big one elsewhere
+    f = scores["frontier"]
+    big, small = f["single"]["big-10B"], f["single"]["small-1B"]
+    assert f["oracle"]["success"] >= big["success"] > small["success"]
+    assert f["router_at"]["big-10B"] >= big["success"] - 0.01  # (the oracle is no better here: nothing to recover)
+    assert f["reaches_best"]["share_of_its_cost"] < 0.95  # as right as the big model alone, for less
+    costs = [p["cost"] for p in f["router"]]
+    assert costs == sorted(costs) and f["router"][0]["success"] < f["router"][-1]["success"]  # dearer, better
     # the untrained prior knows nothing of the words
     assert main(["predictor", "eval", "--dataset", str(new), "--model", "prior", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["scores"]["auc"]["small"] in (None, 0.5)
+    assert json.loads(capsys.readouterr().out)["scores"]["auc"]["small-1B"] in (None, 0.5)
     assert main(["predictor", "eval", "--dataset", str(new), "--model", str(model)]) == 0
     assert "auc" in capsys.readouterr().out  # a table a person reads
     assert main(["predictor", "train", "--dataset", str(train), "--out", str(model), "--folds", "1"]) == 2
