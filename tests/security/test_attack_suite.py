@@ -17,12 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.listen import free_port, wait_ready
-from tests.conftest import ServerThread, interrupt
+from backends.listen import free_port
+from tests.conftest import ServerThread
+from tests.security.serving import chimera_serve, rss_mb, send_raw
 from tests.security.test_broken_worker import broken_worker
-from tests.security.test_headers import rss_mb, send_raw
 
-ROOT = Path(__file__).resolve().parents[2]
 BROKEN = ["huge", "huge5xx", "endless", "trickle"]
 VICTIM = {"model": "qwen2.5-0.5b", "messages": [{"role": "user", "content": "what is 2 + 2?"}], "max_tokens": 2}
 FLOOR_S = 0.0125  # below this, loopback timing on a busy machine is noise (one 32 MB head held whole costs far more)
@@ -44,14 +43,10 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, sub
         "     sim: {profile: h200-qwen2.5-0.5b, speedup: 50}}\n"
         f"agents:\n  - {{name: chat, models: [qwen2.5-0.5b, {', '.join(BROKEN)}]}}\n"
     )  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url + "/ready", 40, proc=proc)
-        yield url, proc
+        with chimera_serve(cfg, port) as served:
+            yield served
     finally:
-        interrupt(proc)
         for w in workers:
             w.stop()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.listen import free_port, wait_ready
-from tests.conftest import ServerThread, interrupt
-from tests.security.test_headers import rss_mb
+from backends.listen import free_port
+from router.core.asgi import read_body, respond
+from tests.conftest import ServerThread
+from tests.security.serving import chimera_serve, rss_mb
 
-ROOT = Path(__file__).resolve().parents[2]
 BIG = 40 << 20  # what the broken worker sends, in 1 MiB pieces
 PIECE = b"x" * (1 << 20)
 
@@ -36,16 +35,9 @@ async def broken_worker(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "lifespan.shutdown.complete"})
         return
     if scope["path"] in ("/health", "/metrics"):
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
-        await send({"type": "http.response.body", "body": b""})
+        await respond(send, 200, b"", [(b"content-type", b"text/plain")])
         return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    model = json.loads(body)["model"]
+    model = json.loads(await read_body(receive) or b"{}")["model"]
     kind = b"text/event-stream" if model in ("endless", "fakedone", "dripstream") else b"application/json"
     status = 500 if model == "huge5xx" else 200
     await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", kind)]})
@@ -93,15 +85,10 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, sub
         f"          max_response_bytes: 4194304, max_event_bytes: 1048576, request_log: '{tmp}/requests.jsonl'}}\n"
         f"backends:\n{backends}agents:\n  - {{name: chat, models: [{', '.join(models)}]}}\n"
     )  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)], cwd=ROOT,
-                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url + "/health", 40, proc=proc)
-        yield url, proc, log
+        with chimera_serve(cfg, port, ready="/health", out=log) as (url, proc):
+            yield url, proc, log
     finally:
-        interrupt(proc)
         for w in workers:
             w.stop()
 

@@ -3,26 +3,14 @@ a header far past ``gateway.max_header_bytes`` is answered 431 as it arrives, an
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from backends.listen import free_port, wait_ready
-from tests.conftest import interrupt
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+from backends.listen import free_port
+from tests.security.serving import chimera_serve, rss_mb, send_raw
 
 
 @pytest.fixture(scope="module")
@@ -36,37 +24,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, sub
         "     sim: {profile: h200-qwen2.5-0.5b, speedup: 20}}\n"
         "agents:\n  - {name: chat, models: [qwen2.5-0.5b]}\n"
     )  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url + "/ready", 40, proc=proc)
-        yield url, proc
-    finally:
-        interrupt(proc)
-
-
-def send_raw(url: str, head: bytes, chunk: int = 1 << 16, total: int = 0) -> bytes:
-    """Send ``head`` then ``total`` bytes of one header's value in ``chunk``-sized writes, as fast as the gateway
-    reads them; what the gateway answered (it may close the connection before all is sent)."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        try:
-            s.sendall(head)
-            sent = 0
-            while sent < total:
-                s.sendall(b"a" * min(chunk, total - sent))
-                sent += chunk
-            s.sendall(b"\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # closed on us: the answer is read below
-        answer = b""
-        try:
-            while data := s.recv(65536):
-                answer += data
-        except ConnectionResetError:
-            pass
-        return answer
+    with chimera_serve(cfg, port) as served:
+        yield served
 
 
 def test_a_huge_header_is_431_as_it_arrives_and_costs_nothing(gateway: tuple[str, subprocess.Popen[bytes]]) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,13 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.listen import free_port, wait_ready
-from tests.conftest import ServerThread, interrupt, make_config
+from backends.listen import free_port
+from tests.conftest import ServerThread, make_config
 from tests.e2e.fakes import FakeWorker
 from tests.redisutil import RedisServer
+from tests.security.serving import chimera_serve
 
 Start = Callable[..., ServerThread]
-ROOT = Path(__file__).resolve().parents[2]
 USER = [{"role": "user", "content": "x"}]
 
 
@@ -86,43 +84,38 @@ def test_no_secret_reaches_a_log_line_or_an_answer(tmp_path: Path, sim_server: S
     )  # fmt: skip
     env = {"REDIS_PASSWORD": SECRETS["redis"], "ADMIN_KEY": SECRETS["admin"], "ALICE_KEY": SECRETS["alice"],
            "BOB_KEY": SECRETS["bob"], "WORKER_KEY": SECRETS["worker"]}  # fmt: skip
-    out = tmp_path / "serve.log"
-    with out.open("wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)], cwd=ROOT,
-                                stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **env})  # fmt: skip
-    url, answers = f"http://127.0.0.1:{port}", []
+    out, answers = tmp_path / "serve.log", []
     alice, bob = {"authorization": "Bearer " + SECRETS["alice"]}, {"authorization": "Bearer " + SECRETS["bob"]}
     admin = {"authorization": "Bearer " + SECRETS["admin"]}
     try:
-        wait_ready(url + "/ready", 40, proc=proc)
-        chat = url + "/v1/chat/completions"
-        with httpx.Client(timeout=30) as c:
-            calls = [
-                ("POST", chat, alice, {"model": "auto", "messages": USER, "max_tokens": 8}),
-                ("POST", chat, alice, {"model": "auto", "messages": USER, "max_tokens": 8, "stream": True}),
-                ("POST", chat, {"authorization": "Bearer " + SECRETS["alice"][:-1]}, {"model": "auto"}),  # 401
-                ("POST", chat, {}, {"model": "auto", "messages": USER}),  # 401: no key
-                ("POST", chat, alice, {"model": "m2", "messages": USER}),  # 403/404: not alice's
-                ("POST", chat, alice, {"model": "auto", "messages": "x"}),  # 400
-                ("POST", chat, bob, {"model": "auto", "messages": USER}),  # 502: its worker is gone
-                ("POST", url + "/tokenize", alice, {"model": "auto", "prompt": "hi"}),
-                ("POST", url + "/v1/feedback", alice, {"request_id": "x", "correct": True}),
-                ("GET", url + "/fleet", {}, None), ("GET", url + "/fleet", admin, None),  # 401, then the fleet
-                ("GET", url + "/metrics", admin, None), ("GET", url + "/v1/models", alice, None),
-                ("GET", url + "/fleet", alice, None),  # an agent's key is not the admin key
-            ]  # fmt: skip
-            statuses = []
-            for method, where, headers, body in calls:
-                r = c.request(method, where, headers=headers, json=body)
-                statuses.append(r.status_code)
-                answers.append(r.text + "".join(f"{k}: {v}" for k, v in r.headers.items()))
-        assert statuses[:2] == [200, 200] and statuses[2:4] == [401, 401] and statuses[6] == 502, statuses
-        assert statuses[9:11] == [401, 200] and statuses[13] == 401, statuses
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not (log.exists() and log.read_text().count("\n") >= 3):
-            time.sleep(0.05)
+        with chimera_serve(cfg, port, out=out, env={**os.environ, **env}) as (url, _):
+            chat = url + "/v1/chat/completions"
+            with httpx.Client(timeout=30) as c:
+                calls = [
+                    ("POST", chat, alice, {"model": "auto", "messages": USER, "max_tokens": 8}),
+                    ("POST", chat, alice, {"model": "auto", "messages": USER, "max_tokens": 8, "stream": True}),
+                    ("POST", chat, {"authorization": "Bearer " + SECRETS["alice"][:-1]}, {"model": "auto"}),  # 401
+                    ("POST", chat, {}, {"model": "auto", "messages": USER}),  # 401: no key
+                    ("POST", chat, alice, {"model": "m2", "messages": USER}),  # 403/404: not alice's
+                    ("POST", chat, alice, {"model": "auto", "messages": "x"}),  # 400
+                    ("POST", chat, bob, {"model": "auto", "messages": USER}),  # 502: its worker is gone
+                    ("POST", url + "/tokenize", alice, {"model": "auto", "prompt": "hi"}),
+                    ("POST", url + "/v1/feedback", alice, {"request_id": "x", "correct": True}),
+                    ("GET", url + "/fleet", {}, None), ("GET", url + "/fleet", admin, None),  # 401, then the fleet
+                    ("GET", url + "/metrics", admin, None), ("GET", url + "/v1/models", alice, None),
+                    ("GET", url + "/fleet", alice, None),  # an agent's key is not the admin key
+                ]  # fmt: skip
+                statuses = []
+                for method, where, headers, body in calls:
+                    r = c.request(method, where, headers=headers, json=body)
+                    statuses.append(r.status_code)
+                    answers.append(r.text + "".join(f"{k}: {v}" for k, v in r.headers.items()))
+            assert statuses[:2] == [200, 200] and statuses[2:4] == [401, 401] and statuses[6] == 502, statuses
+            assert statuses[9:11] == [401, 200] and statuses[13] == 401, statuses
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not (log.exists() and log.read_text().count("\n") >= 3):
+                time.sleep(0.05)
     finally:
-        interrupt(proc)
         redis_srv.remove()
     text = out.read_text()
     assert "chimera gateway on" in text and f"redis://:***@127.0.0.1:{redis_srv.port}/0" in text  # redacted
