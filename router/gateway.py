@@ -23,7 +23,7 @@ from router.metrics import Metrics
 from router.priority import PriorityFn
 from router.promptlen import PromptLengths
 from router.requestlog import RequestLog, RequestRecord
-from router.state.base import FleetState
+from router.state.base import FleetState, Reservation
 
 if TYPE_CHECKING:  # the predictor brings scikit-learn: a gateway without one never imports it
     from router.learning import PredictorRuntime
@@ -51,6 +51,15 @@ class Gateway:
 
     def next_seq(self) -> int:
         return next(self._seq)
+
+    async def release(self, reservation: Reservation) -> None:
+        """Give a worker's reservation back (its bookkeeping completes even when the caller is cancelled) and let
+        admission control grant what the freed capacity now fits, cancelled or not."""
+        try:
+            await self.state.release(reservation)
+        finally:
+            if self.admission is not None:
+                self.admission.wake()
 
     def finish(self, record: RequestRecord) -> None:
         """Account for a finished request exactly once: metrics, the request log, the audit line, and what the

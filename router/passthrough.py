@@ -130,8 +130,4 @@ class Passthrough:
                 await opened.aclose()
         finally:
             if reservation is not None:
-                try:
-                    await gw.state.release(reservation)
-                finally:
-                    if gw.admission is not None:
-                        gw.admission.wake()
+                await gw.release(reservation)

@@ -145,11 +145,7 @@ class ProxyResponse:
             finally:
                 await opened.aclose()
         finally:
-            try:
-                await self.load.release(reservation)  # completes its bookkeeping even when this task is cancelled
-            finally:
-                if gw.admission is not None:  # freed capacity: let a queued request in (cancelled or not)
-                    gw.admission.wake()
+            await gw.release(reservation)
         return True
 
     def _headers(self, backend: str, opened: WorkerResponse | None = None) -> dict[str, str]:
